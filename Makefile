@@ -1,0 +1,34 @@
+# Two commands for a fresh machine (see README):
+#   make demo   set up and run the main job
+#   make test   set up and run the whole test suite (ruff, mypy, pytest)
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint typecheck unit bench clean
+
+$(BIN)/iolens: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+	@touch $@
+
+setup: $(BIN)/iolens
+
+demo: setup
+	bash scripts/demo.sh
+
+lint: setup
+	$(BIN)/ruff check src tests bench
+
+typecheck: setup
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+test: lint typecheck unit
+
+bench: setup
+	$(BIN)/python bench/bench_sample.py --out bench/RESULTS.md
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,33 @@
+"""iolens: find out why a PyTorch training job waits for its data.
+
+``import iolens`` loads the standard library only; optional features import
+their packages when used.
+"""
+
+from __future__ import annotations
+
+from iolens._errors import IolensError, StatsUnavailableError, UnknownDeviceError
+from iolens._seed import get_disk_usage
+from iolens.core.counters import DiskCounters, DiskSnapshot
+from iolens.core.rates import DeviceRates, device_rates, snapshot_rates
+from iolens.sources.devmap import DeviceMapping, device_for_path
+from iolens.sources.disk import DiskSampler, read_snapshot_dir
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DeviceMapping",
+    "DeviceRates",
+    "DiskCounters",
+    "DiskSampler",
+    "DiskSnapshot",
+    "IolensError",
+    "StatsUnavailableError",
+    "UnknownDeviceError",
+    "__version__",
+    "device_for_path",
+    "device_rates",
+    "get_disk_usage",
+    "read_snapshot_dir",
+    "snapshot_rates",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from iolens.cli import main
+
+sys.exit(main())

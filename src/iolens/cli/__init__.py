@@ -1,0 +1,67 @@
+"""The ``iolens`` command: argument parsing and exit codes only.
+
+Exit codes: 0 success, 1 the measurement could not be made (a clear message
+says why), 2 usage error (bad argument, unknown device), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from iolens import __version__
+from iolens.cli import iostat as iostat_cmd
+
+_COMMANDS: dict[str, tuple[Callable[[], argparse.ArgumentParser],
+                           Callable[[argparse.Namespace], int]]] = {
+    "iostat": (iostat_cmd.build_parser, iostat_cmd.run),
+}
+
+_DESCRIPTION = """\
+Find out why a training job waits for its data.
+
+commands:
+  iostat    extended device statistics, digit for digit as `iostat -x -d`
+
+Run `iolens COMMAND --help` for a command's options and examples.
+"""
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="iolens", description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="iolens [--version] COMMAND [ARGS...]",
+    )
+    parser.add_argument("--version", action="version", version=f"iolens {__version__}")
+    parser.add_argument("command", nargs="?", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    top = _top_parser()
+    if not args or args[0] not in _COMMANDS:
+        if args and not args[0].startswith("-"):
+            top.print_usage(sys.stderr)
+            names = ", ".join(_COMMANDS)
+            print(f"iolens: error: unknown command {args[0]!r} (commands: {names})",
+                  file=sys.stderr)
+            return 2
+        top.parse_args(args)  # --help and --version exit here
+        top.print_help()
+        return 2
+    build, run = _COMMANDS[args[0]]
+    parser = build()
+    ns = parser.parse_intermixed_args(args[1:])
+    ns.parser = parser
+    try:
+        return run(ns)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

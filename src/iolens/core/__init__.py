@@ -1,0 +1,1 @@
+"""Pure functions over kernel counters: snapshots in, rates out."""

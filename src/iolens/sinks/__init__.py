@@ -1,0 +1,1 @@
+"""Writers of records and reports: iostat text and JSON for now."""
