@@ -17,7 +17,7 @@ demo: setup
 	bash scripts/demo.sh
 
 lint: setup
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check --output-format concise src tests bench
 
 typecheck: setup
 	$(BIN)/mypy

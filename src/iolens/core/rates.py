@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from iolens.core.counters import COUNT_MOD, TIME_MOD, DiskCounters, DiskSnapshot, zero_counters
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DeviceRates:
-    """Extended statistics of one device over one interval, in iostat's units."""
+    """Extended statistics of one device over one interval, in iostat's units (read-only)."""
 
     device: str
     """Kernel device name."""
@@ -97,6 +97,9 @@ class DeviceRates:
         return self.aqu_sz
 
 
+_ZEROS = (0.0,) * 26  # every float field of DeviceRates
+
+
 def interval_cs(prev: DiskSnapshot, cur: DiskSnapshot) -> int:
     """Centiseconds between two snapshots; 1 when they are equal, as in iostat.
 
@@ -144,6 +147,10 @@ def device_rates(prev: DiskCounters | None, cur: DiskCounters, itv: int) -> Devi
     times modulo 2^32, so a wrapped 32-bit time counter still yields the
     right delta.
     """
+    if prev is cur:
+        # The parser hands back the same record for an unchanged line: an idle
+        # device, and on most machines the majority of them.
+        return DeviceRates(cur.name, itv, *_ZEROS)
     reset = False
     if prev is None:
         prev = zero_counters(cur)

@@ -33,8 +33,11 @@ def counters_from_values(major: int, minor: int, name: str, values: list[int]) -
     modulo 2^32.
     """
     n = min(len(values), 17)
-    vals = [v % (TIME_MOD if i in _TIME_FIELDS else COUNT_MOD) for i, v in enumerate(values[:17])]
-    vals.extend([0] * (17 - n))
+    vals = values[:17]
+    if max(vals) >= TIME_MOD:  # rare: only counts past 2^32 (or bad input) need reducing
+        vals = [v % (TIME_MOD if i in _TIME_FIELDS else COUNT_MOD) for i, v in enumerate(vals)]
+    if n < 17:
+        vals = vals + [0] * (17 - n)
     (rd_ios, rd_merges, rd_sect, rd_ms, wr_ios, wr_merges, wr_sect, wr_ms, in_flight, io_ms,
      weighted_ms, dc_ios, dc_merges, dc_sect, dc_ms, fl_ios, fl_ms) = vals
     return DiskCounters(major, minor, name, rd_ios, rd_merges, rd_sect, rd_ms, wr_ios, wr_merges,
@@ -59,7 +62,7 @@ def parse_diskstats_line(line: str) -> DiskCounters | str | None:
     try:
         major = int(tokens[0])
         minor = int(tokens[1])
-        values = [int(t) for t in tokens[3:20]]
+        values = list(map(int, tokens[3:20]))
     except ValueError:
         return "malformed"
     if major < 0 or minor < 0 or any(v < 0 for v in values):

@@ -63,7 +63,15 @@ def read_topology(sys_root: str = "/sys") -> Topology | None:
     return Topology(frozenset(disks), parent)
 
 
-_PART_SUFFIX = re.compile(r"^p?\d+$")
+# The kernel names a partition after its disk: a disk name ending in a digit
+# gets "p" before the number (nvme0n1p1, mmcblk0p1, loop1p1), others do not (sda1).
+_DIGIT_SUFFIX = re.compile(r"^\d+$")
+_P_DIGIT_SUFFIX = re.compile(r"^p\d+$")
+
+
+def _partition_suffix_ok(disk: str, suffix: str) -> bool:
+    pattern = _P_DIGIT_SUFFIX if disk[-1:].isdigit() else _DIGIT_SUFFIX
+    return bool(pattern.match(suffix))
 
 
 def guess_topology(devices: dict[str, DiskCounters]) -> Topology:
@@ -71,7 +79,8 @@ def guess_topology(devices: dict[str, DiskCounters]) -> Topology:
 
     A device is taken as a partition of another when both share a major
     number, the other has the lower minor, and the name is the other's name
-    plus a number, with or without a ``p`` (sda1, nvme0n1p2, mmcblk0p1).
+    plus a number, after a ``p`` where the disk's name ends in a digit
+    (sda1, nvme0n1p2, mmcblk0p1; but loop10 is no partition of loop1).
     """
     parent: dict[str, str] = {}
     by_major: dict[int, list[DiskCounters]] = {}
@@ -84,7 +93,7 @@ def guess_topology(devices: dict[str, DiskCounters]) -> Topology:
                 other.minor < rec.minor
                 and rec.name.startswith(other.name)
                 and len(other.name) > len(best)
-                and _PART_SUFFIX.match(rec.name[len(other.name):])
+                and _partition_suffix_ok(other.name, rec.name[len(other.name):])
             ):
                 best = other.name
         if best:
