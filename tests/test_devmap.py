@@ -89,13 +89,15 @@ MOUNTINFO = """\
 31 22 0:40 / /mnt/my\\040data rw master:3 - nfs4 fs1:/export rw,vers=4.2
 32 22 0:41 / /mnt/sshfs rw - fuse.sshfs me@host:/ rw,user_id=0
 33 22 0:42 /sub /mnt/ovl rw - overlay overlay rw,lowerdir=/l1:/l2,upperdir=/u,workdir=/w
+34 22 7:0 / /mnt/back\\134slash\\040 rw - ext4 /dev/loop0 rw
 broken line without separator
 """
 
 
 def test_parse_mountinfo() -> None:
     entries = parse_mountinfo(MOUNTINFO)
-    assert len(entries) == 5
+    assert len(entries) == 6
+    assert entries[5].mount_point == "/mnt/back\\slash "  # escapes, one at the very end
     nfs = entries[2]
     assert nfs.mount_point == "/mnt/my data" and nfs.fstype == "nfs4"
     assert nfs.source == "fs1:/export" and nfs.devnum == (0, 40)

@@ -38,7 +38,7 @@ def _unescape(field: str) -> str:
         return field
     out, i = [], 0
     while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) + 0 and field[i + 1:i + 4].isdigit():
+        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1:i + 4].isdigit():
             out.append(chr(int(field[i + 1:i + 4], 8)))
             i += 4
         else:
