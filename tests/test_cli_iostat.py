@@ -155,3 +155,58 @@ def test_closed_pipe_exits_quietly() -> None:
     proc = subprocess.run(f"{sys.executable} -m iolens iostat 0.1 | head -n 1", shell=True,
                           capture_output=True, text=True, timeout=30, check=False)
     assert proc.stdout.startswith("Linux") and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("operand", ["-5", "1.", ".5", "1e3"])
+def test_malformed_numbers_are_not_taken_for_devices(operand: str) -> None:
+    out = iolens("iostat", "--", operand) if operand.startswith("-") else iolens("iostat", operand)
+    assert out.returncode == 2
+    assert "not a valid interval or count" in out.stderr
+
+
+def test_interval_longer_than_a_day_is_refused() -> None:
+    out = iolens("iostat", "100000000000000000000", "2")
+    assert out.returncode == 2
+    assert "longer than a day" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_mistyped_roots_and_empty_path() -> None:
+    out = iolens("iostat", "--proc-root", "/hots/proc")
+    assert out.returncode == 2
+    assert "--proc-root /hots/proc: no such folder" in out.stderr
+    empty = iolens("iostat", "--path", "")
+    assert empty.returncode == 2
+    assert "empty path" in empty.stderr
+
+
+def test_named_device_that_vanishes_is_skipped_while_absent(tmp_path: Path) -> None:
+    sdb = FakeDevice(8, 16, "sdb", counters(rd=10, rd_s=80))
+    snaps = [FakeSnapshot("10.00", [SDA0, sdb]), FakeSnapshot("11.00", [SDA1]),
+             FakeSnapshot("12.00", [SDA1, sdb])]
+    dirs = [str(write_snapshot_dir(s, tmp_path / f"s{i}")) for i, s in enumerate(snaps)]
+    out = iolens("iostat", "sdb,sda", "--replay", *dirs)
+    assert out.returncode == 0, out.stderr
+    blocks = out.stdout.split("Device")[1:]
+    assert ["sdb" in b for b in blocks] == [True, False, True]
+    assert all("sda" in b for b in blocks)
+
+
+def test_uptime_going_backwards_live_is_skipped_not_fatal(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    proc = proc_dir(tmp_path, FakeSnapshot("500.00", [SDA0]))
+
+    def rewind() -> None:
+        time.sleep(0.3)
+        with open(proc / "uptime", "r+") as fh:
+            fh.write("100.00 0.00\n")
+
+    t = threading.Thread(target=rewind)
+    t.start()
+    out = iolens("iostat", "--proc-root", str(proc), "--sys-root", str(tmp_path), "0.6", "2")
+    t.join()
+    assert out.returncode == 0, out.stderr
+    assert "uptime clock went backwards" in out.stderr
+    assert out.stdout.count("Device ") == 2

@@ -250,3 +250,50 @@ def test_btrfs_maps_through_its_source(tmp_path: Path) -> None:
             assert os.major(os.stat(mnt).st_dev) == 0  # btrfs: an anonymous device number
             m = device_for_path(str(mnt / "ckpt"))
     assert m.fstype == "btrfs" and m.disks == (Path(dev).name,)
+
+
+def _fake_mountinfo(tmp_path: Path, lines: list[bytes]) -> str:
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "mountinfo").write_bytes(b"\n".join(lines) + b"\n")
+    return str(proc)
+
+
+def test_overlay_whose_layers_are_not_visible_answers_at_once(tmp_path: Path) -> None:
+    need(Path("/dev/shm").is_dir(), "no /dev/shm")
+    layers = ":".join(f"/var/lib/docker/overlay2/l{i}/diff" for i in range(12))
+    proc = _fake_mountinfo(tmp_path, [
+        b"22 1 0:30 / / rw - tmpfs tmpfs rw",
+        f"40 22 0:31 / /dev/shm rw - overlay overlay rw,lowerdir={layers},upperdir=/u/diff,"
+        "workdir=/u/work".encode(),
+    ])
+    m = device_for_path("/dev/shm/x", proc_root=proc)
+    assert m.disks == ()
+    assert "13 of 13 layer folders are not visible here" in m.reason
+
+
+def test_overlay_layer_paths_are_unescaped(tmp_path: Path) -> None:
+    need(Path("/dev/shm").is_dir(), "no /dev/shm")
+    layer = tmp_path / "lay er"
+    layer.mkdir()
+    escaped = str(tmp_path).encode() + b"/lay\\040er"
+    proc = _fake_mountinfo(tmp_path, [
+        b"22 1 0:30 / / rw - tmpfs tmpfs rw",
+        b"40 22 0:31 / /dev/shm rw - overlay overlay rw,lowerdir=" + escaped + b",workdir=/w",
+    ])
+    m = device_for_path("/dev/shm/x", proc_root=proc)
+    assert m.disks == device_for_path(str(tmp_path)).disks
+    assert m.disks
+
+
+def test_odd_mountinfo_bytes_do_not_raise() -> None:
+    entries = parse_mountinfo(
+        b"22 1 254:0 / /mnt/\xff\\999x rw - ext4 /dev/vda rw\n"
+        b"23 1 254:0 / /mnt/ok\\011tab rw - ext4 /dev/vda rw\n")
+    assert entries[0].mount_point == os.fsdecode(b"/mnt/\xff\\999x")
+    assert entries[1].mount_point == "/mnt/ok\ttab"
+
+
+def test_empty_path_is_an_error() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        device_for_path("")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,21 @@ def test_guessed_topology_from_names() -> None:
     assert topo.parent == {"sda1": "sda", "nvme0n1p1": "nvme0n1", "mmcblk0p1": "mmcblk0",
                            "loop1p1": "loop1"}
     assert {"loop1", "loop10", "dm-1"} <= topo.disks
+
+
+def test_procfs_files_longer_than_one_page_are_read_whole() -> None:
+    from iolens.sources._files import PreadFile
+
+    path = "/proc/kallsyms" if os.access("/proc/kallsyms", os.R_OK) else "/proc/self/mountinfo"
+    with open(path) as fh:
+        expected = len(fh.read())
+    assert len(PreadFile(path).read()) == expected
+
+
+def test_endless_file_is_refused() -> None:
+    from iolens.sources._files import PreadFile, read_text
+
+    with pytest.raises(StatsUnavailableError, match="larger than 16 MiB"):
+        PreadFile("/dev/zero").read()
+    with pytest.raises(StatsUnavailableError, match="larger than 16 MiB"):
+        read_text("/dev/zero")

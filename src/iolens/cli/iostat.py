@@ -40,10 +40,12 @@ examples:
                                     && cat /proc/uptime > s1/uptime
 
 exit codes: 0 ok, 1 statistics unavailable, 2 usage error or unknown device,
-130 interrupted.
+130 interrupted, 141 output closed early (e.g. piped into head).
 """
 
 _NUMBER = re.compile(r"^\d+(\.\d+)?$")
+_NUMBER_LIKE = re.compile(r"^[-+.\d]")  # what a user meant as a number, even if malformed
+_MAX_INTERVAL = 86400.0
 
 _UNAVAILABLE_HINT = (
     "This system does not expose disk statistics (common in gVisor, AWS Fargate and "
@@ -106,12 +108,18 @@ def _parse_operands(ns: argparse.Namespace) -> Options:
     for op in ns.operands:
         if _NUMBER.match(op):
             numbers.append(op)
+        elif _NUMBER_LIKE.match(op):
+            ns.parser.error(f"{op!r} is not a valid interval or count: use a positive number "
+                            "of seconds (e.g. 1 or 0.5) and a whole count")
         else:
-            opts.devices.append(op)
+            # iostat also takes comma-separated lists (-p sda,sdb).
+            opts.devices.extend(d for d in op.split(",") if d)
     if len(numbers) > 2:
         ns.parser.error(f"too many numbers: {' '.join(numbers)} (expected: interval [count])")
     if numbers:
         opts.interval = float(numbers[0])
+        if opts.interval > _MAX_INTERVAL:
+            ns.parser.error(f"interval {numbers[0]} s is longer than a day ({_MAX_INTERVAL:.0f} s)")
         if opts.interval == 0:
             if len(numbers) > 1:
                 ns.parser.error("an interval of 0 takes no count (it means one report)")
@@ -152,11 +160,18 @@ class _Printer:
         self.devices = devices
         self.warned_skips = (0, 0)
 
-    def check_devices(self, snap: DiskSnapshot) -> None:
-        """Raise UnknownDeviceError for a named device the kernel does not report."""
+    def check_devices(self, *snaps: DiskSnapshot) -> None:
+        """Raise UnknownDeviceError for a named device that none of the snapshots holds.
+
+        Checked once, up front: a device that vanishes later is skipped while
+        absent, as METRICS.md says, rather than ending the run.
+        """
+        known: set[str] = set()
+        for snap in snaps:
+            known.update(snap.devices)
         for name in self.devices:
-            if name != "ALL" and name not in snap.devices:
-                raise UnknownDeviceError(name, snap.devices)
+            if name != "ALL" and name not in known:
+                raise UnknownDeviceError(name, known)
 
     def warn_skips(self, snap: DiskSnapshot) -> None:
         key = (snap.skipped_lines, snap.old_format_lines)
@@ -191,13 +206,14 @@ def _devices_for_paths(ns: argparse.Namespace) -> list[str]:
     for path in ns.path:
         try:
             mapping = device_for_path(path, ns.proc_root, ns.sys_root)
-        except OSError as exc:
-            ns.parser.error(f"--path {path}: {exc.strerror or exc}")
+        except (OSError, ValueError) as exc:
+            ns.parser.error(f"--path {path!r}: {getattr(exc, 'strerror', None) or exc}")
         if not mapping.disks:
             ns.parser.error(f"--path {path}: {mapping.reason}")
         where = mapping.device or "/".join(mapping.disks)
-        print(f"iolens: {mapping.path} is on {where} ({mapping.fstype} at {mapping.mount_point})"
-              f"; watching {', '.join(mapping.disks)}", file=sys.stderr)
+        fs = f" ({mapping.fstype} at {mapping.mount_point})" if mapping.fstype else ""
+        print(f"iolens: {mapping.path} is on {where}{fs}; watching {', '.join(mapping.disks)}",
+              file=sys.stderr)
         found.extend(d for d in mapping.disks if d not in found)
     return found
 
@@ -210,11 +226,12 @@ def _replay(ns: argparse.Namespace, opts: Options, printer: _Printer) -> int:
         try:
             snap = read_snapshot_dir(folder)
         except StatsUnavailableError as exc:
-            ns.parser.error(f"--replay: {exc}; a snapshot folder holds `diskstats` and `uptime`")
+            ns.parser.error(f"--replay: {exc}; a snapshot folder holds `diskstats` and `uptime` "
+                            "(--replay takes every word after it: put device names first)")
         except ValueError as exc:
             ns.parser.error(f"--replay: {exc}")
         snaps.append((snap, os.path.getmtime(os.path.join(folder, "uptime"))))
-    printer.check_devices(snaps[-1][0])
+    printer.check_devices(*(s for s, _ in snaps))
     topo: Topology | None = None
     if ns.sys_root != "/sys":
         topo = read_topology(ns.sys_root)
@@ -260,6 +277,11 @@ def _live(ns: argparse.Namespace, opts: Options, printer: _Printer) -> int:
                 skip = False
                 if not ns.json:
                     sys.stdout.write("\n")
+            elif cur.uptime_cs < prev.uptime_cs:
+                # The clock went back (a replaced --proc-root, a restored VM): no
+                # interval can be measured across it, so start again from here.
+                print("iolens: the uptime clock went backwards; skipping this interval",
+                      file=sys.stderr)
             else:
                 printer.report(prev, cur, sampler.topology(cur), time.time())
                 printed += 1
@@ -284,6 +306,9 @@ def _live(ns: argparse.Namespace, opts: Options, printer: _Printer) -> int:
 def run(ns: argparse.Namespace) -> int:
     """Run ``iolens iostat`` with parsed arguments; returns the exit code."""
     opts = _parse_operands(ns)
+    for flag, root in (("--proc-root", ns.proc_root), ("--sys-root", ns.sys_root)):
+        if not ns.replay and not os.path.isdir(root):
+            ns.parser.error(f"{flag} {root}: no such folder")
     devices = opts.devices + _devices_for_paths(ns)
     printer = _Printer(ns, devices)
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from iolens._errors import UnknownDeviceError
 from iolens.core.counters import DiskCounters, DiskSnapshot
 from iolens.sources.sysblock import Topology, sysfs_name
 
@@ -28,24 +27,22 @@ def select_devices(
 
     - No names: every whole disk that did any I/O since boot, sorted by name;
       ``ALL`` among the names keeps the unused ones too.
-    - Names: exactly those devices (partitions included), sorted; unknown
-      names raise :class:`UnknownDeviceError`.
+    - Names: exactly those devices (partitions included), sorted; a named
+      device absent from ``cur`` (vanished) is skipped while absent. Callers
+      check names once, up front (:class:`UnknownDeviceError`).
     - ``partitions`` adds the partitions of the disks shown. Without names,
       iostat then lists every device in /proc/diskstats order.
     - ``omit_idle`` (``-z``) drops devices with no I/O completed in the interval.
     """
     show_unused = "ALL" in names
-    explicit = [n for n in names if n != "ALL"]
-    for name in explicit:
-        if name not in cur.devices:
-            raise UnknownDeviceError(name, cur.devices)
+    explicit = [n for n in names if n != "ALL" and n in cur.devices]
 
     chosen: list[str]
     if partitions and not explicit:
         chosen = [n for n, rec in cur.devices.items() if show_unused or rec.has_io]
     else:
         picked: dict[str, None] = {}
-        if explicit:
+        if explicit or (names and not show_unused):
             picked.update(dict.fromkeys(explicit))
             if show_unused:
                 picked.update(dict.fromkeys(n for n in cur.devices if not topology.is_partition(n)))

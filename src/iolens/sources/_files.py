@@ -13,9 +13,12 @@ import os
 
 from iolens._errors import StatsUnavailableError
 
-# Larger than /proc/diskstats on a machine with a few hundred devices; the
-# loop in read() handles anything longer.
+# procfs (seq_file) may return as little as one page per call, whatever the
+# size asked for, so read() loops until a read returns nothing.
 _CHUNK = 65536
+# No kernel statistics file comes near this; a larger one is not what we
+# think it is (a fixture linked to /dev/zero, say) and would never end.
+MAX_BYTES = 16 << 20
 
 
 class PreadFile:
@@ -39,16 +42,19 @@ class PreadFile:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             data = os.pread(self._fd, _CHUNK, 0)
-            if len(data) == _CHUNK:
+            if data:
                 parts = [data]
-                offset = _CHUNK
+                offset = len(data)
                 while True:
                     more = os.pread(self._fd, _CHUNK, offset)
                     if not more:
                         break
                     parts.append(more)
                     offset += len(more)
-                data = b"".join(parts)
+                    if offset > MAX_BYTES:
+                        raise OSError(0, f"larger than {MAX_BYTES >> 20} MiB")
+                if len(parts) > 1:
+                    data = b"".join(parts)
         except OSError as exc:
             self.close()
             raise StatsUnavailableError(self.path, exc.strerror or str(exc)) from exc
@@ -68,7 +74,10 @@ class PreadFile:
 def read_text(path: str) -> str:
     """Read a small file once, raising :class:`StatsUnavailableError` on failure."""
     try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            return fh.read()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
     except OSError as exc:
         raise StatsUnavailableError(path, exc.strerror or str(exc)) from exc
+    if len(data) > MAX_BYTES:
+        raise StatsUnavailableError(path, f"larger than {MAX_BYTES >> 20} MiB")
+    return data.decode("ascii", "replace")

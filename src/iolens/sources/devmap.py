@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from iolens.sources.sysblock import kernel_name
 
 # Filesystems that live in memory or on a network, and so have no block device.
 _MEMORY_FS = frozenset({"tmpfs", "ramfs", "devtmpfs", "shm", "hugetlbfs", "proc", "sysfs"})
+_MAX_SLAVE_DEPTH = 8  # dm on md on dm...: deeper than any real stack
 _NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs",
                          "lustre", "virtiofs", "afs"})
-_MAX_DEPTH = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,40 +34,45 @@ class MountEntry:
     """Per-superblock options (overlayfs lists lowerdir, upperdir here)."""
 
 
-def _unescape(field: str) -> str:
-    # mountinfo writes space, tab, newline and backslash as octal escapes.
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+_OCTAL_ESCAPE = re.compile(rb"\\([0-7]{3})")
 
 
-def parse_mountinfo(text: str) -> list[MountEntry]:
+def _unescape(field: bytes) -> str:
+    """Undo mountinfo's octal escapes (space, tab, newline, backslash); names need not be UTF-8."""
+    raw = _OCTAL_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8) & 0xFF]), field)
+    return os.fsdecode(raw)
+
+
+def parse_mountinfo(text: str | bytes) -> list[MountEntry]:
     """Parse mountinfo text; lines that do not fit the format are skipped."""
+    data = os.fsencode(text) if isinstance(text, str) else text
     entries = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
+    for line in data.splitlines():
+        left, sep, right = line.partition(b" - ")
         if not sep:
             continue
         fields = left.split()
         tail = right.split()
         if len(fields) < 6 or len(tail) < 2:
             continue
-        major_s, _, minor_s = fields[2].partition(":")
+        major_s, _, minor_s = fields[2].partition(b":")
         try:
             devnum = (int(major_s), int(minor_s))
         except ValueError:
             continue
-        entries.append(MountEntry(devnum, _unescape(fields[3]), _unescape(fields[4]), tail[0],
-                                  _unescape(tail[1]), tail[2] if len(tail) > 2 else ""))
+        entries.append(MountEntry(devnum, _unescape(fields[3]), _unescape(fields[4]),
+                                  os.fsdecode(tail[0]), _unescape(tail[1]),
+                                  os.fsdecode(tail[2]) if len(tail) > 2 else ""))
     return entries
+
+
+def read_mountinfo(proc_root: str = "/proc") -> list[MountEntry] | None:
+    """This process's mounts, or ``None`` when mountinfo cannot be read."""
+    try:
+        with open(os.path.join(proc_root, "self", "mountinfo"), "rb") as fh:
+            return parse_mountinfo(fh.read(16 << 20))
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +122,8 @@ def _read(path: str) -> str:
         return ""
 
 
-def resolve_devnum(major: int, minor: int, sys_root: str = "/sys",
-                   _depth: int = 0) -> tuple[str, tuple[str, ...]] | None:
+def resolve_devnum(major: int, minor: int,
+                   sys_root: str = "/sys") -> tuple[str, tuple[str, ...]] | None:
     """The kernel name of a device number and the disks under it, from sysfs.
 
     Partitions resolve to their disk; device-mapper and md devices to the
@@ -126,7 +133,7 @@ def resolve_devnum(major: int, minor: int, sys_root: str = "/sys",
     link = os.path.join(sys_root, "dev", "block", f"{major}:{minor}")
     if not os.path.exists(link):
         return None
-    return _resolve_dir(os.path.realpath(link), _depth)
+    return _resolve_dir(os.path.realpath(link), 0)
 
 
 def _resolve_dir(devdir: str, depth: int) -> tuple[str, tuple[str, ...]]:
@@ -148,7 +155,7 @@ def _resolve_dir(devdir: str, depth: int) -> tuple[str, tuple[str, ...]]:
             slaves = sorted(os.listdir(slaves_dir))
         except OSError:
             slaves = []
-    if slaves and depth < _MAX_DEPTH:
+    if slaves and depth < _MAX_SLAVE_DEPTH:
         for slave in slaves:
             _, below = _resolve_dir(os.path.realpath(os.path.join(slaves_dir, slave)), depth + 1)
             disks.extend(d for d in below if d not in disks)
@@ -177,25 +184,28 @@ def _mount_for(entries: list[MountEntry], existing: str,
     return [e for e in candidates if prefix_len(e) == best][-1]
 
 
-def device_for_path(path: str, proc_root: str = "/proc", sys_root: str = "/sys",
-                    _depth: int = 0) -> DeviceMapping:
+def device_for_path(path: str, proc_root: str = "/proc", sys_root: str = "/sys") -> DeviceMapping:
     """Map a path to the block devices that serve it.
 
     A path that does not exist yet maps through its nearest existing parent.
     Filesystems without a block device (tmpfs, NFS, FUSE) give an empty
     ``disks`` and a ``reason``; the per-process counters in /proc/<pid>/io
-    are then the only signal of their I/O.
+    are then the only signal of their I/O. Raises ValueError for an empty
+    path and OSError when even the nearest existing parent cannot be examined.
     """
+    if not path:
+        raise ValueError("empty path")
+    entries = read_mountinfo(proc_root)
+    return _map_path(path, entries, proc_root, sys_root, set())
+
+
+def _map_path(path: str, entries: list[MountEntry] | None, proc_root: str, sys_root: str,
+              visited: set[str]) -> DeviceMapping:
     abspath = os.path.abspath(path)
     existing = nearest_existing(abspath)
     st = os.stat(existing)
     devnum = (os.major(st.st_dev), os.minor(st.st_dev))
-    try:
-        with open(os.path.join(proc_root, "self", "mountinfo")) as fh:
-            entries = parse_mountinfo(fh.read())
-    except OSError:
-        entries = []
-    mount = _mount_for(entries, existing, devnum)
+    mount = _mount_for(entries or [], existing, devnum)
     fstype = mount.fstype if mount else ""
     mount_point = mount.mount_point if mount else ""
 
@@ -212,6 +222,9 @@ def device_for_path(path: str, proc_root: str = "/proc", sys_root: str = "/sys",
             return mapping(name, disks, "", backing)
         return mapping(None, (), f"device {devnum[0]}:{devnum[1]} is not listed in "
                                  f"{sys_root}/dev/block")
+    if entries is None:
+        return mapping(None, (), f"{proc_root}/self/mountinfo cannot be read, so the "
+                                 f"filesystem of {existing} is unknown")
     if mount is None:
         return mapping(None, (), f"no mount found for {existing} in {proc_root}/self/mountinfo")
     base = fstype.split(".")[0]
@@ -223,19 +236,8 @@ def device_for_path(path: str, proc_root: str = "/proc", sys_root: str = "/sys",
     if base in ("fuse", "fuseblk") and not mount.source.startswith("/dev/"):
         return mapping(None, (), f"no block device ({fstype}: a FUSE filesystem; "
                                  "per-process counters show its I/O)")
-    if fstype == "overlay" and _depth < _MAX_DEPTH:
-        layers: list[str] = []
-        for opt in mount.super_options.split(","):
-            key, _, value = opt.partition("=")
-            if key in ("lowerdir", "upperdir"):
-                layers.extend(p for p in value.split(":") if p)
-        layer_disks: list[str] = []
-        for layer in layers:
-            sub = device_for_path(layer, proc_root, sys_root, _depth + 1)
-            layer_disks.extend(d for d in sub.disks if d not in layer_disks)
-        note = "overlayfs: the devices of its layers" if layer_disks else \
-            "no block device (overlayfs whose layers have none)"
-        return mapping(None, tuple(layer_disks), note)
+    if fstype == "overlay":
+        return _map_overlay(mount, entries, proc_root, sys_root, visited=visited, mapping=mapping)
     if mount.source.startswith("/dev/"):
         # btrfs and others report an anonymous device number; the source names the disk.
         try:
@@ -249,3 +251,32 @@ def device_for_path(path: str, proc_root: str = "/proc", sys_root: str = "/sys",
                 return mapping(name, disks_t, f"{fstype} on {mount.source}")
     return mapping(None, (), f"no block device ({fstype or 'unknown filesystem'} "
                              f"from {mount.source or '?'})")
+
+
+def _map_overlay(mount: MountEntry, entries: list[MountEntry], proc_root: str, sys_root: str,
+                 *, visited: set[str], mapping: Callable[..., DeviceMapping]) -> DeviceMapping:
+    # Each overlay is followed once: inside a container the layer folders do not
+    # exist, and mapping them through their parents would land on this overlay again.
+    visited.add(mount.mount_point)
+    layers: list[str] = []
+    for opt in mount.super_options.split(","):
+        key, _, value = opt.partition("=")
+        if key in ("lowerdir", "upperdir"):
+            layers.extend(_unescape(os.fsencode(p)) for p in value.split(":") if p)
+    disks: list[str] = []
+    missing = 0
+    for layer in layers:
+        if not os.path.exists(layer):
+            missing += 1
+            continue
+        sub_mount = _mount_for(entries, layer, (-1, -1))
+        if sub_mount is not None and sub_mount.mount_point in visited:
+            continue
+        sub = _map_path(layer, entries, proc_root, sys_root, visited)
+        disks.extend(d for d in sub.disks if d not in disks)
+    note = "overlayfs: the devices of its layers" if disks else \
+        "no block device found for overlayfs"
+    if missing:
+        note += (f" ({missing} of {len(layers)} layer folders are not visible here, as "
+                 "inside a container)")
+    return mapping(None, tuple(disks), note)
