@@ -160,15 +160,28 @@ def mkfs(dev: str, fstype: str = "ext4") -> None:
     subprocess.run(cmd, check=True, capture_output=True)
 
 
-def test_loop_device_with_ext4(tmp_path: Path) -> None:
-    _need_loop_tools()
+def blank_image(tmp_path: Path, size: int = 32 << 20) -> Path:
     image = tmp_path / "disk.img"
     image.write_bytes(b"")
-    os.truncate(image, 32 << 20)
-    with loop_device(image) as dev:
-        mkfs(dev)
-        with mounted(dev, tmp_path / "mnt") as mnt:
-            m = device_for_path(str(mnt / "dataset" / "shard-0001.lmdb"))
+    os.truncate(image, size)
+    return image
+
+
+@contextlib.contextmanager
+def mounted_loop(tmp_path: Path, target: Path, fstype: str = "ext4",
+                 size: int = 32 << 20) -> Iterator[tuple[str, Path]]:
+    """A fresh loop device with a new filesystem on it, mounted at ``target``."""
+    _need_loop_tools()
+    with loop_device(blank_image(tmp_path, size)) as dev:
+        mkfs(dev, fstype)
+        with mounted(dev, target) as mnt:
+            yield dev, mnt
+
+
+def test_loop_device_with_ext4(tmp_path: Path) -> None:
+    with mounted_loop(tmp_path, tmp_path / "mnt") as (dev, mnt):
+        m = device_for_path(str(mnt / "dataset" / "shard-0001.lmdb"))
+    image = tmp_path / "disk.img"
     name = Path(dev).name
     assert m.device == name and m.disks == (name,) and m.fstype == "ext4"
     assert m.backing_file == str(image) and m.existing == str(tmp_path / "mnt")
@@ -186,9 +199,7 @@ def _mbr_with_one_partition(image: Path, size: int) -> None:
 
 def test_partition_of_a_loop_device_maps_to_the_disk(tmp_path: Path) -> None:
     _need_loop_tools()
-    image = tmp_path / "disk.img"
-    image.write_bytes(b"")
-    os.truncate(image, 32 << 20)
+    image = blank_image(tmp_path)
     _mbr_with_one_partition(image, 32 << 20)
     with loop_device(image, partscan=True) as dev:
         part = dev + "p1"
@@ -217,20 +228,14 @@ def test_partition_of_a_loop_device_maps_to_the_disk(tmp_path: Path) -> None:
 
 
 def test_overlayfs_maps_to_its_layers(tmp_path: Path) -> None:
-    _need_loop_tools()
-    image = tmp_path / "disk.img"
-    image.write_bytes(b"")
-    os.truncate(image, 32 << 20)
-    with loop_device(image) as dev:
-        mkfs(dev)
-        with mounted(dev, tmp_path / "lower") as lower:
-            (lower / "data").mkdir()
-            upper, work = tmp_path / "upper", tmp_path / "work"
-            upper.mkdir()
-            work.mkdir()
-            opts = f"lowerdir={lower / 'data'},upperdir={upper},workdir={work}"
-            with mounted("overlay", tmp_path / "merged", "-t", "overlay", "-o", opts) as merged:
-                m = device_for_path(str(merged / "file"))
+    with mounted_loop(tmp_path, tmp_path / "lower") as (dev, lower):
+        (lower / "data").mkdir()
+        upper, work = tmp_path / "upper", tmp_path / "work"
+        upper.mkdir()
+        work.mkdir()
+        opts = f"lowerdir={lower / 'data'},upperdir={upper},workdir={work}"
+        with mounted("overlay", tmp_path / "merged", "-t", "overlay", "-o", opts) as merged:
+            m = device_for_path(str(merged / "file"))
     assert m.fstype == "overlay"
     root_disks = device_for_path(str(tmp_path)).disks
     assert Path(dev).name in m.disks
@@ -241,14 +246,9 @@ def test_btrfs_maps_through_its_source(tmp_path: Path) -> None:
     _need_loop_tools()
     need(shutil.which("mkfs.btrfs") is not None, "btrfs-progs is not installed")
     need("btrfs" in Path("/proc/filesystems").read_text(), "the kernel has no btrfs")
-    image = tmp_path / "disk.img"
-    image.write_bytes(b"")
-    os.truncate(image, 128 << 20)
-    with loop_device(image) as dev:
-        mkfs(dev, "btrfs")
-        with mounted(dev, tmp_path / "mnt") as mnt:
-            assert os.major(os.stat(mnt).st_dev) == 0  # btrfs: an anonymous device number
-            m = device_for_path(str(mnt / "ckpt"))
+    with mounted_loop(tmp_path, tmp_path / "mnt", "btrfs", 128 << 20) as (dev, mnt):
+        assert os.major(os.stat(mnt).st_dev) == 0  # btrfs: an anonymous device number
+        m = device_for_path(str(mnt / "ckpt"))
     assert m.fstype == "btrfs" and m.disks == (Path(dev).name,)
 
 

@@ -19,6 +19,10 @@ _CHUNK = 65536
 # No kernel statistics file comes near this; a larger one is not what we
 # think it is (a fixture linked to /dev/zero, say) and would never end.
 MAX_BYTES = 16 << 20
+# seq_file stops short of the size asked only when its page-sized buffer is
+# full, and its records (a diskstats line) are far shorter than half a page;
+# so a first read under 2 KiB is the whole file and needs no second call.
+_SURELY_WHOLE = 2048
 
 
 class PreadFile:
@@ -42,7 +46,7 @@ class PreadFile:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             data = os.pread(self._fd, _CHUNK, 0)
-            if data:
+            if len(data) >= _SURELY_WHOLE:
                 parts = [data]
                 offset = len(data)
                 while True:
