@@ -12,16 +12,19 @@ from collections.abc import Callable, Sequence
 
 from iolens import __version__
 from iolens.cli import iostat as iostat_cmd
+from iolens.cli import run as run_cmd
 
 _COMMANDS: dict[str, tuple[Callable[[], argparse.ArgumentParser],
                            Callable[[argparse.Namespace], int]]] = {
     "iostat": (iostat_cmd.build_parser, iostat_cmd.run),
+    "run": (run_cmd.build_parser, run_cmd.run),
 }
 
 _DESCRIPTION = """\
 Find out why a training job waits for its data.
 
 commands:
+  run       run a training command and record what holds it back
   iostat    extended device statistics, digit for digit as `iostat -x -d`
 
 Run `iolens COMMAND --help` for a command's options and examples.
@@ -55,12 +58,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     build, run = _COMMANDS[args[0]]
     parser = build()
-    ns = parser.parse_intermixed_args(args[1:])
+    # `run` passes the job's own arguments through untouched, so no intermixing there.
+    parse = parser.parse_args if args[0] == "run" else parser.parse_intermixed_args
+    ns = parse(args[1:])
     ns.parser = parser
     try:
         return run(ns)
     except KeyboardInterrupt:
         return 130
+    except FileNotFoundError as exc:
+        print(f"iolens: {exc}", file=sys.stderr)
+        return 127
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,100 @@
+"""``iolens run``: run a training command and record why it waits."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+
+from iolens.recorder.run import RunOptions
+from iolens.recorder.run import run as run_job
+from iolens.recorder.rundir import RECORDS, default_run_dir
+from iolens.sources.disk import DiskSampler
+
+_EPILOG = """\
+The job runs unchanged: same stdin, stdout, terminal and exit code (128+N
+when signal N ended it). Python jobs get their DataLoader timed with no code
+change (a sitecustomize bootstrap on PYTHONPATH; --no-instrument turns it off).
+
+Recorded into the run directory:
+  meta.json       command, host, devices watched and why, versions, start/end, summary
+  records.jsonl   one JSON object per interval: watched devices (iostat -x figures),
+                  the job's processes by role (main, worker) with I/O, page-cache hit
+                  and CPU, system CPU and iowait, page cache and dirty memory, GPUs
+                  (NVML), and the loop's data wait and step time (count, sum, max,
+                  p50, p95)
+  timing/         the training processes' raw per-batch records
+
+examples:
+  iolens run -- python train.py --epochs 3
+  iolens run --path /data/imagenet --interval 0.5 -- torchrun --nproc-per-node 2 train.py
+  iolens run --out runs/baseline --device nvme1n1 -- python train.py
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``iolens run``."""
+    p = argparse.ArgumentParser(
+        prog="iolens run",
+        usage="iolens run [--out DIR] [--interval S] [--path P ...] [--device D ...] -- CMD ...",
+        description="Run CMD and record, every interval, the disks, the job's processes and "
+                    "how long its training loop waits for data.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", metavar="DIR",
+                   help="run directory to create (default: iolens-runs/<time>-<program>)")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S",
+                   help="seconds between records, 0.1 to 60 (default 1)")
+    p.add_argument("--path", action="append", default=[], metavar="P",
+                   help="also watch the devices serving P, e.g. the dataset (repeatable)")
+    p.add_argument("--device", action="append", default=[], metavar="D",
+                   help="also watch block device D, e.g. nvme0n1 (repeatable)")
+    p.add_argument("--no-instrument", dest="instrument", action="store_false",
+                   help="do not time the DataLoader inside the job")
+    p.add_argument("--no-live", action="store_true",
+                   help="print nothing but the final lines (the default for now)")
+    p.add_argument("--quiet", action="store_true", help="print nothing at all")
+    p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
+    p.add_argument("--sys-root", default="/sys", help=argparse.SUPPRESS)
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
+                   help="the command to run, after --")
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Parse ``iolens run`` arguments (options before ``--``, the command after)."""
+    p = build_parser()
+    ns = p.parse_args(argv)
+    ns.parser = p
+    return ns
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Run the job; returns its exit code."""
+    p: argparse.ArgumentParser = ns.parser
+    command = list(ns.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        p.error("no command to run: iolens run [OPTIONS] -- CMD ...")
+    if shutil.which(command[0]) is None and not os.path.exists(command[0]):
+        p.error(f"command not found: {command[0]}")
+    if not 0.1 <= ns.interval <= 60:
+        p.error(f"--interval must be between 0.1 and 60 seconds, not {ns.interval:g}")
+    for path in ns.path:
+        if not path:
+            p.error("--path needs a path")
+    if ns.device:
+        try:
+            known = DiskSampler(ns.proc_root, ns.sys_root).snapshot().devices
+        except Exception:  # noqa: BLE001 - no disk statistics: --device cannot be checked
+            known = {}
+        for d in ns.device:
+            if known and d not in known:
+                p.error(f"unknown device {d!r}; devices reported by the kernel: "
+                        f"{', '.join(sorted(known))}")
+    out = ns.out or default_run_dir("iolens-runs", command)
+    if os.path.exists(os.path.join(out, RECORDS)):
+        p.error(f"--out {out} already holds a run; choose another folder")
+    return run_job(RunOptions(command=command, out=out, interval=ns.interval, paths=ns.path,
+                              devices=ns.device, proc_root=ns.proc_root, sys_root=ns.sys_root,
+                              instrument=ns.instrument, quiet=ns.quiet))

@@ -1,0 +1,1 @@
+"""The sidecar: samples the machine and the job each interval and writes the run directory."""

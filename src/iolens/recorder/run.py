@@ -1,0 +1,222 @@
+"""``iolens run -- CMD``: start the job, record it, hand back its exit code.
+
+NOTE [signals]: the job runs in iolens' process group, so a Ctrl-C typed at
+the terminal reaches it directly; iolens ignores that SIGINT and keeps
+recording until the job has exited. A SIGINT sent to iolens alone (no
+terminal, or the job in another group) and SIGTERM, SIGHUP, SIGQUIT, SIGUSR1
+and SIGUSR2 are passed on to the job. The exit code is the job's own, or
+128 + N when signal N ended it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import iolens
+from iolens.recorder.rundir import RECORDS, RunDir, rfc3339
+from iolens.recorder.sampler import Recorder
+from iolens.recorder.summary import summarize, summary_lines
+from iolens.sources.devmap import device_for_path
+
+_FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+@dataclass
+class RunOptions:
+    """What ``iolens run`` was asked to do."""
+
+    command: list[str]
+    out: str
+    interval: float = 1.0
+    paths: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    proc_root: str = "/proc"
+    sys_root: str = "/sys"
+    instrument: bool = True
+    quiet: bool = False
+
+
+def initial_watch(paths: list[str], devices: list[str], proc_root: str = "/proc",
+                  sys_root: str = "/sys") -> tuple[dict[str, str], list[str]]:
+    """Devices to watch from the start, each with why, and notes on paths that have none."""
+    watch: dict[str, str] = {}
+    notes: list[str] = []
+    for label, path in [("the current directory", os.getcwd())] + [
+            (f"--path {p}", p) for p in paths]:
+        m = device_for_path(path, proc_root, sys_root)
+        if not m.disks:
+            notes.append(f"{label} ({m.path}): {m.reason}")
+        for disk in m.disks:
+            watch.setdefault(disk, f"serves {label} ({m.path})")
+    for d in devices:
+        watch.setdefault(d, "--device")
+    return watch, notes
+
+
+def child_env(run_dir: str, interval: float, instrument: bool) -> dict[str, str]:
+    """The job's environment: unchanged, plus the timing bootstrap when instrumenting."""
+    env = dict(os.environ)
+    env["IOLENS_RUN_DIR"] = os.path.abspath(run_dir)
+    if instrument:
+        boot = os.path.join(os.path.dirname(os.path.abspath(iolens.__file__)), "_bootstrap")
+        old = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = boot + (os.pathsep + old if old else "")
+        env["IOLENS_PKG_PARENT"] = os.path.dirname(os.path.dirname(boot))
+        # Hand batches over a few times per interval so each record sees its own.
+        env["IOLENS_FLUSH_MS"] = str(max(50, min(1000, int(interval * 250))))
+    return env
+
+
+def exit_code(returncode: int) -> int:
+    """The shell's convention: a job killed by signal N exits 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _say(opts: RunOptions, msg: str) -> None:
+    if not opts.quiet:
+        print(f"iolens: {msg}", file=sys.stderr, flush=True)
+
+
+def run(opts: RunOptions) -> int:
+    """Run the job under the recorder; returns the job's exit code."""
+    try:
+        run_dir = RunDir(opts.out)
+    except OSError as exc:
+        # NOTE [never hurt the job]: an unwritable --out must not stop the training.
+        fallback = tempfile.mkdtemp(prefix="iolens-run-")
+        _say(opts, f"cannot create {opts.out} ({exc.strerror or exc}); recording to {fallback}")
+        run_dir = RunDir(fallback)
+    watch, notes = initial_watch(opts.paths, opts.devices, opts.proc_root, opts.sys_root)
+    env = child_env(run_dir.path, opts.interval, opts.instrument)
+    try:
+        child = subprocess.Popen(opts.command, env=env)
+    except OSError as exc:
+        run_dir.close()
+        raise FileNotFoundError(f"cannot start {opts.command[0]!r}: {exc.strerror or exc}") from exc
+
+    stopped_by: list[int] = []
+    tty_group = _child_shares_terminal()
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        del frame
+        stopped_by.append(signum)
+        if signum == signal.SIGINT and tty_group:
+            return  # the terminal already sent it to the job (NOTE [signals])
+        with contextlib.suppress(OSError):
+            child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, *_FORWARDED)}
+    recorder: Recorder | None = None
+    rc: int | None = None
+    try:
+        try:
+            recorder = Recorder(run_dir, child.pid, opts.interval, watch,
+                                proc_root=opts.proc_root, sys_root=opts.sys_root)
+            recorder.notes.extend(notes)
+            meta = recorder.base_meta(opts.command, {"instrumented": opts.instrument,
+                                                     "notes": recorder.notes})
+            run_dir.write_meta(meta)
+            watched = ", ".join(f"{d} ({why})" for d, why in watch.items()) or "no device"
+            _say(opts, f"recording to {run_dir.path} every {opts.interval:g} s; watching "
+                       f"{watched}")
+
+            def wait(timeout: float) -> bool:
+                try:
+                    child.wait(timeout=timeout)
+                    return True
+                except subprocess.TimeoutExpired:
+                    return False
+
+            recorder.loop(wait)
+            recorder.sample()  # the last, partial interval
+        except Exception as exc:  # noqa: BLE001 - NOTE [never hurt the job] in sampler.py
+            _say(opts, f"recording stopped: {exc!r}; the job runs on")
+            if recorder is not None:
+                recorder.notes.append(f"recording stopped: {exc!r}")
+        rc = child.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        if rc is None:  # interrupted before the job ended: do not orphan it silently
+            rc = child.wait()
+    code = exit_code(rc)
+    _finish(opts, run_dir, recorder, code=code, rc=rc, stopped_by=stopped_by)
+    return code
+
+
+def _child_shares_terminal() -> bool:
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
+
+
+def _finish(opts: RunOptions, run_dir: RunDir, recorder: Recorder | None, *, code: int,
+            rc: int, stopped_by: list[int]) -> None:
+    run_dir.close()
+    records = list(read_records(run_dir.path))
+    summary = summarize(records)
+    if recorder is not None:
+        meta = recorder.base_meta(opts.command, {
+            "instrumented": opts.instrument,
+            "devices": recorder.watch,
+            "end": rfc3339(time.time()),
+            "duration_s": round(time.time() - recorder.start_wall, 3),
+            "exit_code": code,
+            "signal": -rc if rc < 0 else None,
+            "signals_received": [signal.Signals(s).name for s in stopped_by],
+            "records": run_dir.lines,
+            "lost_records": run_dir.lost_lines,
+            "write_error": run_dir.write_error,
+            "timing": _timing_status(run_dir.timing_dir),
+            "notes": recorder.notes,
+            "summary": summary,
+        })
+        run_dir.write_meta(meta)
+        recorder.close()
+    if run_dir.write_error:
+        _say(opts, f"warning: {run_dir.write_error}; {run_dir.lost_lines} interval(s) not saved")
+    _say(opts, f"run directory {run_dir.path} ({len(records)} intervals, exit code {code})")
+    for line in summary_lines(summary):
+        _say(opts, line)
+
+
+def _timing_status(directory: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return out
+    for name in names:
+        if name.endswith(".json") and not name.startswith("."):
+            try:
+                with open(os.path.join(directory, name)) as fh:
+                    out.append(json.load(fh))
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+def read_records(run_path: str) -> list[dict[str, Any]]:
+    """Every complete, parseable line of a run's records (a torn last line is skipped)."""
+    out = []
+    try:
+        with open(os.path.join(run_path, RECORDS), "rb") as fh:
+            for line in fh:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    except OSError:
+        pass
+    return out

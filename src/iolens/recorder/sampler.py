@@ -1,0 +1,326 @@
+"""The sampler loop: one record per interval of the disks, the job's processes, CPU, memory, GPU
+and the training loop's own timing.
+
+It runs outside the training process (``iolens run``'s own process, or the
+sidecar that ``iolens.monitor()`` starts), so it never competes with the
+training for the GIL.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from iolens._errors import StatsUnavailableError
+from iolens.core.counters import DiskSnapshot
+from iolens.core.rates import DeviceRates, snapshot_rates
+from iolens.recorder.rundir import SCHEMA_VERSION, RunDir, rfc3339
+from iolens.sources.devmap import device_for_path
+from iolens.sources.disk import DiskSampler
+from iolens.sources.gpu import GpuReader
+from iolens.sources.procfs import (
+    CLK_TCK,
+    CpuTimes,
+    ProcessTable,
+    ProcIO,
+    SystemReader,
+    cpu_percentages,
+)
+from iolens.training.timing import TimingReader, TrainingAggregator
+
+# How often (in samples) the job's open files are scanned for new devices.
+_DISCOVER_EVERY = 5
+_DEVICE_FIELDS = ("r_s", "rkB_s", "rrqm_s", "r_await", "rareq_sz", "w_s", "wkB_s", "wrqm_s",
+                  "w_await", "wareq_sz", "d_s", "f_s", "aqu_sz", "util")
+
+
+def device_record(r: DeviceRates) -> dict[str, float]:
+    """The figures of one device kept in each interval record."""
+    return {f: round(getattr(r, f), 4) for f in _DEVICE_FIELDS}
+
+
+@dataclass
+class _ProcState:
+    io: ProcIO
+    cpu_ticks: int
+    role: str
+
+
+@dataclass
+class RoleTotals:
+    """I/O and CPU of one role (main, worker, other) over an interval."""
+
+    pids: int = 0
+    io: ProcIO = field(default_factory=ProcIO)
+    cpu_ticks: int = 0
+    io_readable: bool = True
+
+    def record(self, seconds: float) -> dict[str, Any]:
+        io = self.io
+        out: dict[str, Any] = {
+            "pids": self.pids,
+            "cpu_pct": round(self.cpu_ticks / CLK_TCK / seconds * 100, 2) if seconds else 0.0,
+            "read_bytes_s": round(io.read_bytes / seconds, 1) if seconds else 0.0,
+            "write_bytes_s": round(io.write_bytes / seconds, 1) if seconds else 0.0,
+            "rchar_s": round(io.rchar / seconds, 1) if seconds else 0.0,
+            "wchar_s": round(io.wchar / seconds, 1) if seconds else 0.0,
+            "cache_hit": cache_hit(io),
+        }
+        if not self.io_readable:
+            out["io_readable"] = False
+        return out
+
+
+def cache_hit(io: ProcIO) -> float | None:
+    """Share of the bytes read through syscalls that did not reach the block layer.
+
+    ``None`` when nothing was read. rchar also counts pipes and sockets, so
+    for the main process (which receives batches from its workers through
+    pipes) this overstates the cache's part; the workers' figure is the one
+    to trust.
+    """
+    if io.rchar <= 0:
+        return None
+    return round(max(0.0, min(1.0, 1 - io.read_bytes / io.rchar)), 4)
+
+
+class Recorder:
+    """Samples everything the run directory records, one interval at a time."""
+
+    def __init__(self, run: RunDir, root_pid: int, interval: float,
+                 watch: dict[str, str], *, proc_root: str = "/proc", sys_root: str = "/sys",
+                 discover: bool = True) -> None:
+        self.run = run
+        self.root_pid = root_pid
+        self.interval = interval
+        self.watch = dict(watch)
+        """Device name -> why it is watched."""
+        self.discover = discover
+        self.proc_root = proc_root
+        self.sys_root = sys_root
+        self.disks = DiskSampler(proc_root, sys_root)
+        self.system = SystemReader(proc_root)
+        self.procs = ProcessTable(proc_root)
+        self.gpu = GpuReader()
+        self.timing = TimingReader(run.timing_dir)
+        self.train = TrainingAggregator()
+        self.notes: list[str] = []
+        self.seq = 0
+        self.start_wall = time.time()
+        self.start_mono = time.monotonic()
+        self._last_mono = self.start_mono
+        self._disk_prev: DiskSnapshot | None = None
+        self._cpu_prev: CpuTimes | None = self.system.cpu()
+        self._procs: dict[int, _ProcState] = {}
+        self._dev_cache: dict[int, str | None] = {}
+        self._disk_error: str | None = None
+        try:
+            self._disk_prev = self.disks.snapshot()
+        except StatsUnavailableError as exc:
+            self._disk_error = f"{exc}: no device statistics on this system"
+            self.notes.append(self._disk_error)
+        self.gpu_note = "" if self.gpu.available else self.gpu.reason
+
+    # -- pieces of a record ---------------------------------------------------
+
+    def _devices(self) -> dict[str, Any]:
+        if self._disk_prev is None:
+            return {}
+        try:
+            cur = self.disks.snapshot()
+        except StatsUnavailableError as exc:
+            if self._disk_error is None:
+                self._disk_error = str(exc)
+                self.notes.append(f"device statistics stopped: {exc}")
+            return {}
+        try:
+            rates = snapshot_rates(self._disk_prev, cur)
+        except ValueError:
+            rates = {}
+        self._disk_prev = cur
+        out: dict[str, Any] = {}
+        for name in self.watch:
+            r = rates.get(name)
+            if r is not None:
+                out[name] = device_record(r)
+        return out
+
+    def _job(self, seconds: float) -> dict[str, Any]:
+        samples = self.procs.sample(self.root_pid)
+        workers = set(self.train.worker_pids)
+        mains = {int(n[:-4]) for n in _listdir(self.run.timing_dir) if n[:-4].isdigit()
+                 and n.endswith(".bin")}
+        totals = {"main": RoleTotals(), "worker": RoleTotals(), "other": RoleTotals()}
+        states: dict[str, int] = {}
+        seen: dict[int, _ProcState] = {}
+        for pid, smp in samples.items():
+            st = smp.stat
+            if pid in workers or st.comm == "pt_data_worker":
+                role = "worker"
+            elif pid in mains or (pid == self.root_pid and not mains):
+                role = "main"
+            else:
+                role = "other"
+            ticks = st.utime_ticks + st.stime_ticks
+            io = smp.io if smp.io is not None else ProcIO()
+            prev = self._procs.get(pid)
+            t = totals[role]
+            t.pids += 1
+            if smp.io is None:
+                t.io_readable = False
+            if prev is None:
+                t.io = t.io + io
+                t.cpu_ticks += ticks
+            else:
+                t.io = t.io + (io - prev.io)
+                t.cpu_ticks += ticks - prev.cpu_ticks
+            seen[pid] = _ProcState(io, ticks, role)
+            states[st.state] = states.get(st.state, 0) + 1
+        self._procs = seen
+        job = RoleTotals()
+        for t in totals.values():
+            job.pids += t.pids
+            job.io = job.io + t.io
+            job.cpu_ticks += t.cpu_ticks
+            job.io_readable &= t.io_readable
+        rec = job.record(seconds)
+        rec["states"] = states
+        rec["roles"] = {k: v.record(seconds) for k, v in totals.items() if v.pids}
+        if self.discover and self.seq % _DISCOVER_EVERY == 0:
+            self._discover_devices(list(samples))
+        return rec
+
+    def _discover_devices(self, pids: list[int]) -> None:
+        for pid in pids:
+            fd_dir = os.path.join(self.proc_root, str(pid), "fd")
+            for fd in _listdir(fd_dir):
+                path = os.path.join(fd_dir, fd)
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                if st.st_dev in self._dev_cache:
+                    continue
+                name: str | None = None
+                try:
+                    target = os.readlink(path)
+                    if target.startswith("/") and not target.startswith(("/dev/", "/proc/",
+                                                                         "/sys/")):
+                        mapping = device_for_path(target, self.proc_root, self.sys_root)
+                        for disk in mapping.disks:
+                            if disk not in self.watch:
+                                self.watch[disk] = f"the job reads or writes {target}"
+                            name = disk
+                except (OSError, ValueError):
+                    pass
+                self._dev_cache[st.st_dev] = name
+
+    def _cpu(self) -> dict[str, float]:
+        cur = self.system.cpu()
+        prev, self._cpu_prev = self._cpu_prev, cur
+        if cur is None or prev is None:
+            return {}
+        return {k: round(v, 2) for k, v in cpu_percentages(prev, cur).items()}
+
+    def _mem(self) -> dict[str, int]:
+        m = self.system.memory()
+        keys = {"Cached": "cached_bytes", "Dirty": "dirty_bytes", "Writeback": "writeback_bytes",
+                "MemAvailable": "available_bytes"}
+        return {new: m[old] for old, new in keys.items() if old in m}
+
+    # -- the loop ---------------------------------------------------------------
+
+    def sample(self) -> dict[str, Any]:
+        """Take one interval's record and write it; returns the record."""
+        now_mono = time.monotonic()
+        seconds = max(now_mono - self._last_mono, 1e-9)
+        self._last_mono = now_mono
+        self.timing.poll(self.train)
+        rec: dict[str, Any] = {
+            "schema": SCHEMA_VERSION,
+            "seq": self.seq,
+            "t": round(time.time(), 3),
+            "time": rfc3339(time.time()),
+            "elapsed_s": round(now_mono - self.start_mono, 3),
+            "interval_s": round(seconds, 4),
+            "devices": self._devices(),
+            "job": self._job(seconds),
+            "cpu": self._cpu(),
+            "mem": self._mem(),
+            "train": self.train.take(),
+        }
+        if self.gpu.available:
+            rec["gpu"] = self.gpu.sample()
+        self.seq += 1
+        self.run.append(rec)
+        return rec
+
+    def loop(self, wait: Callable[[float], bool]) -> None:
+        """Sample every interval until ``wait(timeout)`` returns True (the job ended).
+
+        NOTE [never hurt the job]: an exception while sampling is recorded
+        and sampling goes on; the loop itself never ends the job.
+        """
+        next_tick = time.monotonic() + self.interval
+        failures = 0
+        while True:
+            if wait(max(0.0, next_tick - time.monotonic())):
+                return
+            try:
+                self.sample()
+            except Exception as exc:  # noqa: BLE001 - see NOTE above
+                failures += 1
+                if failures <= 3:
+                    self.notes.append(f"sampling failed: {exc!r}")
+            next_tick += self.interval
+            if next_tick < time.monotonic():  # fell behind: skip the missed ticks
+                next_tick = time.monotonic() + self.interval
+
+    def base_meta(self, command: list[str], extra: dict[str, Any]) -> dict[str, Any]:
+        """The metadata written at the start of a run."""
+        u = os.uname()
+        return {
+            "schema": SCHEMA_VERSION,
+            "iolens_version": _version(),
+            "command": command,
+            "cwd": os.getcwd(),
+            "host": socket.gethostname(),
+            "kernel": f"{u.sysname} {u.release}",
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "interval_s": self.interval,
+            "root_pid": self.root_pid,
+            "start": rfc3339(self.start_wall),
+            "start_t": round(self.start_wall, 3),
+            "devices": dict(self.watch),
+            "disk_source": self.disks.source if self._disk_error is None else None,
+            "gpu": {"available": self.gpu.available, "reason": self.gpu_note,
+                    "names": self.gpu.names},
+            "argv0": sys.argv[0] if sys.argv else "",
+            **extra,
+        }
+
+    def close(self) -> None:
+        """Release files and NVML."""
+        self.disks.close()
+        self.system.close()
+        self.gpu.close()
+
+
+def _version() -> str:
+    from iolens import __version__  # noqa: PLC0415 - iolens/__init__ imports this module's users
+
+    return __version__
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []

@@ -1,0 +1,255 @@
+"""Per-process and system counters: /proc/<pid>/stat and io, /proc/stat, /proc/meminfo.
+
+Parsers are pure; :class:`ProcessTable` walks a process tree under a proc
+root. A process may exit between any two reads: readers then return
+``None`` and the caller moves on.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from iolens._errors import StatsUnavailableError
+from iolens.sources._files import PreadFile, read_text
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(slots=True)
+class ProcStat:
+    """The fields of /proc/<pid>/stat that iolens uses."""
+
+    pid: int
+    comm: str
+    """Process name (at most 15 characters; PyTorch names DataLoader workers pt_data_worker)."""
+    state: str
+    """R running, S sleeping, D waiting for I/O (uninterruptible), Z zombie, ..."""
+    ppid: int
+    utime_ticks: int
+    """User CPU time in clock ticks (CLK_TCK per second)."""
+    stime_ticks: int
+    """System CPU time in clock ticks."""
+    delayacct_blkio_ticks: int = 0
+    """Time spent waiting for block I/O, in ticks (0 unless delay accounting is on)."""
+
+
+def parse_proc_stat(text: str) -> ProcStat | None:
+    """Parse /proc/<pid>/stat; ``None`` if it does not have the expected shape.
+
+    The name is in parentheses and may itself hold spaces and parentheses,
+    so the fields are split after the *last* closing parenthesis.
+    """
+    head, sep, tail = text.rpartition(")")
+    if not sep:
+        return None
+    pid_s, _, comm = head.partition(" (")
+    fields = tail.split()
+    try:
+        return ProcStat(
+            pid=int(pid_s),
+            comm=comm,
+            state=fields[0],
+            ppid=int(fields[1]),
+            utime_ticks=int(fields[11]),
+            stime_ticks=int(fields[12]),
+            delayacct_blkio_ticks=int(fields[39]) if len(fields) > 39 else 0,
+        )
+    except (IndexError, ValueError):
+        return None
+
+
+@dataclass(slots=True)
+class ProcIO:
+    """/proc/<pid>/io: bytes through syscalls and bytes the block layer moved."""
+
+    rchar: int = 0
+    """Bytes read through read-like syscalls, page-cache hits and pipes included."""
+    wchar: int = 0
+    """Bytes written through write-like syscalls."""
+    read_bytes: int = 0
+    """Bytes this process made the block layer fetch."""
+    write_bytes: int = 0
+    """Bytes this process dirtied for writeback."""
+    cancelled_write_bytes: int = 0
+    """Dirtied bytes that were never written (truncated before writeback)."""
+
+    def __add__(self, other: ProcIO) -> ProcIO:
+        return ProcIO(self.rchar + other.rchar, self.wchar + other.wchar,
+                      self.read_bytes + other.read_bytes, self.write_bytes + other.write_bytes,
+                      self.cancelled_write_bytes + other.cancelled_write_bytes)
+
+    def __sub__(self, other: ProcIO) -> ProcIO:
+        return ProcIO(self.rchar - other.rchar, self.wchar - other.wchar,
+                      self.read_bytes - other.read_bytes, self.write_bytes - other.write_bytes,
+                      self.cancelled_write_bytes - other.cancelled_write_bytes)
+
+
+_IO_KEYS = {"rchar", "wchar", "read_bytes", "write_bytes", "cancelled_write_bytes"}
+
+
+def parse_proc_io(text: str) -> ProcIO | None:
+    """Parse /proc/<pid>/io; ``None`` if none of its keys is there."""
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in _IO_KEYS:
+            try:
+                values[key] = int(value)
+            except ValueError:
+                continue
+    return ProcIO(**values) if values else None
+
+
+@dataclass(slots=True)
+class CpuTimes:
+    """The aggregate ``cpu`` line of /proc/stat, in clock ticks."""
+
+    user: int = 0
+    nice: int = 0
+    system: int = 0
+    idle: int = 0
+    iowait: int = 0
+    irq: int = 0
+    softirq: int = 0
+    steal: int = 0
+
+    @property
+    def total(self) -> int:
+        """All ticks (guest time is already inside user and nice)."""
+        return (self.user + self.nice + self.system + self.idle + self.iowait + self.irq
+                + self.softirq + self.steal)
+
+
+def parse_cpu_times(text: str) -> CpuTimes | None:
+    """The first ``cpu`` line of /proc/stat; older kernels' shorter lines fill with zeros."""
+    for line in text.splitlines():
+        if line.startswith("cpu "):
+            parts = line.split()[1:9]
+            try:
+                nums = [int(p) for p in parts]
+            except ValueError:
+                return None
+            nums.extend([0] * (8 - len(nums)))
+            return CpuTimes(*nums)
+    return None
+
+
+def cpu_percentages(prev: CpuTimes, cur: CpuTimes) -> dict[str, float]:
+    """Share of all CPUs' time per state over the interval, in percent (as top and vmstat)."""
+    total = cur.total - prev.total
+    if total <= 0:
+        return {k: 0.0 for k in ("user", "system", "iowait", "idle", "steal")}
+
+    def pct(a: int, b: int) -> float:
+        return max(0.0, (a - b) / total * 100)
+
+    return {
+        "user": pct(cur.user + cur.nice, prev.user + prev.nice),
+        "system": pct(cur.system + cur.irq + cur.softirq, prev.system + prev.irq + prev.softirq),
+        "iowait": pct(cur.iowait, prev.iowait),
+        "idle": pct(cur.idle, prev.idle),
+        "steal": pct(cur.steal, prev.steal),
+    }
+
+
+_MEMINFO_KEYS = ("MemTotal", "MemAvailable", "Cached", "Buffers", "Dirty", "Writeback")
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """Page cache and writeback figures of /proc/meminfo, in bytes (the file says kB)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in _MEMINFO_KEYS:
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * 1024
+    return out
+
+
+class SystemReader:
+    """CPU times and memory of the whole machine, files kept open."""
+
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self._stat = PreadFile(os.path.join(proc_root, "stat"))
+        self._meminfo = PreadFile(os.path.join(proc_root, "meminfo"))
+
+    def cpu(self) -> CpuTimes | None:
+        """Current CPU times, or None when /proc/stat cannot be read."""
+        try:
+            return parse_cpu_times(self._stat.read())
+        except StatsUnavailableError:
+            return None
+
+    def memory(self) -> dict[str, int]:
+        """Current memory figures in bytes ({} when /proc/meminfo cannot be read)."""
+        try:
+            return parse_meminfo(self._meminfo.read())
+        except StatsUnavailableError:
+            return {}
+
+    def close(self) -> None:
+        """Close the files."""
+        self._stat.close()
+        self._meminfo.close()
+
+
+@dataclass(slots=True)
+class ProcSample:
+    """One process at one moment."""
+
+    stat: ProcStat
+    io: ProcIO | None
+    """None when /proc/<pid>/io is not readable (another user's process without root)."""
+
+
+class ProcessTable:
+    """Finds a process and all its descendants and reads their counters."""
+
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self.proc_root = proc_root
+
+    def read_stat(self, pid: int) -> ProcStat | None:
+        """/proc/<pid>/stat, or None if the process is gone."""
+        try:
+            return parse_proc_stat(read_text(os.path.join(self.proc_root, str(pid), "stat")))
+        except StatsUnavailableError:
+            return None
+
+    def read_io(self, pid: int) -> ProcIO | None:
+        """/proc/<pid>/io, or None if gone or not permitted."""
+        try:
+            return parse_proc_io(read_text(os.path.join(self.proc_root, str(pid), "io")))
+        except StatsUnavailableError:
+            return None
+
+    def descendants(self, root: int) -> list[ProcStat]:
+        """``root`` and every process below it, each with its stat (root first)."""
+        try:
+            names = os.listdir(self.proc_root)
+        except OSError:
+            return []
+        stats: dict[int, ProcStat] = {}
+        children: dict[int, list[int]] = {}
+        for name in names:
+            if not name.isdigit():
+                continue
+            st = self.read_stat(int(name))
+            if st is None:
+                continue
+            stats[st.pid] = st
+            children.setdefault(st.ppid, []).append(st.pid)
+        if root not in stats:
+            return []
+        out: list[ProcStat] = []
+        todo = [root]
+        while todo:
+            pid = todo.pop()
+            out.append(stats[pid])
+            todo.extend(children.get(pid, ()))
+        return out
+
+    def sample(self, root: int) -> dict[int, ProcSample]:
+        """Stat and io of the whole tree under ``root``, by pid."""
+        return {st.pid: ProcSample(st, self.read_io(st.pid)) for st in self.descendants(root)}

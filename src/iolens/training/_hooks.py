@@ -1,0 +1,248 @@
+"""Zero-code DataLoader timing, installed inside the training process.
+
+NOTE [never hurt the job]: every entry point here catches every exception.
+A failure disables the instrumentation, writes why to
+``<run>/timing/<pid>.json`` when it can, and lets training go on untouched.
+The per-batch path does two clock reads, one array extend and one compare.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import time
+import weakref
+from array import array
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+from iolens.training import records
+
+_now = time.monotonic_ns
+# Past this many buffered int64s (about 1.5 MB) new records are dropped, not
+# kept: the run directory cannot take writes and memory must not grow.
+_MAX_BUFFERED = 3 * 65536
+
+
+class TimingWriter:
+    """Buffers records in memory and appends them to the process's timing file."""
+
+    __slots__ = ("_fd", "buf", "directory", "dropped", "error", "flush_ns", "last_flush", "pid",
+                 "written")
+
+    def __init__(self, directory: str, flush_ns: int = 500_000_000) -> None:
+        self.directory = directory
+        self.flush_ns = flush_ns
+        self.buf: array[int] = array("q")
+        self.last_flush = _now()
+        self.pid = os.getpid()
+        self._fd: int | None = None
+        self.dropped = 0
+        self.written = 0
+        self.error: str | None = None
+
+    def flush(self, now: int | None = None) -> None:
+        """Append what is buffered; on failure, count the loss and remember why."""
+        self.last_flush = _now() if now is None else now
+        if not self.buf:
+            return
+        if self.error is not None:
+            self._drop()
+            return
+        try:
+            if self._fd is None:
+                os.makedirs(self.directory, exist_ok=True)
+                path = os.path.join(self.directory, f"{self.pid}.bin")
+                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+                                   | os.O_NOFOLLOW, 0o644)
+            data = self.buf.tobytes()
+            # One write of whole records: O_APPEND keeps concurrent readers on
+            # record boundaries except for a short final write, which the reader skips.
+            os.write(self._fd, data)
+            self.written += len(self.buf) // 3
+            del self.buf[:]
+        except OSError as exc:
+            self.error = f"cannot write timing records: {exc.strerror or exc}"
+            self._drop()
+
+    def _drop(self) -> None:
+        if len(self.buf) >= _MAX_BUFFERED or self.error is not None:
+            self.dropped += len(self.buf) // 3
+            del self.buf[:]
+
+    def status(self, **extra: Any) -> None:
+        """Write ``<pid>.json``: whether timing works here, and if not, why."""
+        info = {"pid": self.pid, "records": self.written, "dropped": self.dropped,
+                "error": self.error, **extra}
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            tmp = os.path.join(self.directory, f".{self.pid}.json.tmp")
+            with open(tmp, "w") as fh:
+                json.dump(info, fh)
+            os.replace(tmp, os.path.join(self.directory, f"{self.pid}.json"))
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Flush and close; safe to call twice."""
+        self.flush()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+_writer: TimingWriter | None = None
+_loader_tags: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_patched = False
+
+
+def writer() -> TimingWriter | None:
+    """The process's writer, if timing is on."""
+    return _writer
+
+
+def start(directory: str, flush_ns: int = 500_000_000) -> TimingWriter:
+    """Turn timing on for this process, writing under ``directory``."""
+    global _writer
+    if _writer is None or _writer.directory != directory:
+        _writer = TimingWriter(directory, flush_ns)
+        atexit.register(_at_exit)
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+    return _writer
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (a DataLoader worker) must not write the parent's buffer.
+    global _writer
+    _writer = None
+
+
+def _at_exit() -> None:
+    w = _writer
+    if w is not None and w.pid == os.getpid():
+        w.close()
+        if _patched or w.error or w.written:
+            w.status(installed=_patched)
+
+
+def _tag_for(loader: Any) -> int:
+    try:
+        tag = _loader_tags.get(loader)
+        if tag is None:
+            tag = len(_loader_tags) + 1
+            _loader_tags[loader] = tag
+        return tag
+    except TypeError:
+        return 0
+
+
+def step() -> None:
+    """Mark the end of a training step in a loop that does not use a DataLoader."""
+    w = _writer
+    if w is None:
+        return
+    t = _now()
+    w.buf.extend((records.STEP, t, 0))
+    if t - w.last_flush > w.flush_ns:
+        w.flush(t)
+
+
+def patch_dataloader(module: ModuleType) -> None:
+    """Wrap ``_BaseDataLoaderIter.__next__`` and ``DataLoader.__iter__`` of torch's dataloader."""
+    global _patched
+    if _patched:
+        return
+    base = module._BaseDataLoaderIter
+    loader_cls = module.DataLoader
+    orig_next: Callable[[Any], Any] = base.__next__
+    orig_iter: Callable[[Any], Any] = loader_cls.__iter__
+    batch = records.BATCH
+    shift = records.TAG_SHIFT
+
+    def __next__(self: Any) -> Any:
+        t0 = _now()
+        data = orig_next(self)
+        t1 = _now()
+        w = _writer
+        if w is not None:
+            w.buf.extend((batch | (getattr(self, "_iolens_tag", 0) << shift), t0, t1))
+            if t1 - w.last_flush > w.flush_ns:
+                w.flush(t1)
+        return data
+
+    def __iter__(self: Any) -> Any:
+        t = _now()
+        it = orig_iter(self)
+        w = _writer
+        if w is not None:
+            try:
+                tag = _tag_for(self)
+                it._iolens_tag = tag
+                w.buf.extend((records.EPOCH | (tag << shift), t, int(self.num_workers)))
+                for wid, proc in enumerate(getattr(it, "_workers", ()) or ()):
+                    pid = getattr(proc, "pid", None)
+                    if pid:
+                        w.buf.extend((records.WORKER | (tag << shift), int(pid), wid))
+            except Exception:  # noqa: BLE001 - see NOTE [never hurt the job]
+                pass
+        return it
+
+    __next__.__wrapped__ = orig_next  # type: ignore[attr-defined]
+    __iter__.__wrapped__ = orig_iter  # type: ignore[attr-defined]
+    base.__next__ = __next__
+    loader_cls.__iter__ = __iter__
+    _patched = True
+
+
+class _DataLoaderFinder(importlib.abc.MetaPathFinder):
+    """Patches torch.utils.data.dataloader right after the user's script imports it."""
+
+    TARGET = "torch.utils.data.dataloader"
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.TARGET:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self.inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.inner.exec_module(module)
+        try:
+            patch_dataloader(module)
+        except Exception as exc:  # noqa: BLE001 - see NOTE [never hurt the job]
+            w = _writer
+            if w is not None:
+                w.error = f"could not instrument torch's DataLoader: {exc!r}"
+                w.status(installed=False)
+
+
+def install_import_hook() -> None:
+    """Patch torch's DataLoader now if imported, else as soon as it is."""
+    mod = sys.modules.get(_DataLoaderFinder.TARGET)
+    if mod is not None:
+        patch_dataloader(mod)
+        return
+    if not any(isinstance(f, _DataLoaderFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DataLoaderFinder())

@@ -1,0 +1,139 @@
+"""Reading the training process's timing records and summarizing them per interval (pure)."""
+
+from __future__ import annotations
+
+import math
+import os
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from iolens.training import records
+
+
+def distribution(values_ns: list[int]) -> dict[str, float]:
+    """count, sum, max, p50 and p95 of durations given in ns, in seconds (nearest rank)."""
+    n = len(values_ns)
+    if n == 0:
+        return {"count": 0, "sum_s": 0.0, "max_s": 0.0, "p50_s": 0.0, "p95_s": 0.0}
+    ordered = sorted(values_ns)
+
+    def rank(q: float) -> float:
+        return ordered[max(0, math.ceil(q * n) - 1)] / 1e9
+
+    return {"count": n, "sum_s": sum(ordered) / 1e9, "max_s": ordered[-1] / 1e9,
+            "p50_s": rank(0.50), "p95_s": rank(0.95)}
+
+
+@dataclass
+class _Stream:
+    last_end: int | None = None
+    """When the previous batch was handed to the loop (or the epoch began)."""
+
+
+@dataclass
+class TrainingAggregator:
+    """Turns timing records into per-interval figures.
+
+    For each loader in each process, a batch's *data wait* is how long
+    ``next()`` took, and its *step* is the time from the previous batch's
+    hand-over (or from the start of the epoch) to this one's.
+    """
+
+    waits: list[int] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    marks: list[int] = field(default_factory=list)
+    epochs: int = 0
+    epoch_start_waits: list[int] = field(default_factory=list)
+    worker_pids: dict[int, int] = field(default_factory=dict)
+    """Worker pid -> worker id, as the loaders reported them."""
+    total_batches: int = 0
+    total_epochs: int = 0
+    _streams: dict[tuple[int, int], _Stream] = field(default_factory=dict)
+    _last_mark: dict[int, int] = field(default_factory=dict)
+    _epoch_pending: set[tuple[int, int]] = field(default_factory=set)
+
+    def feed(self, pid: int, recs: array[int]) -> None:
+        """Add records (a flat array of kind, a, b triples) from process ``pid``."""
+        for i in range(0, len(recs) - 2, 3):
+            kind, a, b = recs[i], recs[i + 1], recs[i + 2]
+            rtype, tag = kind & records.TYPE_MASK, kind >> records.TAG_SHIFT
+            key = (pid, tag)
+            if rtype == records.BATCH:
+                stream = self._streams.setdefault(key, _Stream())
+                wait = b - a
+                self.waits.append(wait)
+                self.steps.append(b - stream.last_end if stream.last_end is not None else wait)
+                stream.last_end = b
+                self.total_batches += 1
+                if key in self._epoch_pending:
+                    self._epoch_pending.discard(key)
+                    self.epoch_start_waits.append(wait)
+            elif rtype == records.EPOCH:
+                self._streams.setdefault(key, _Stream()).last_end = a
+                self._epoch_pending.add(key)
+                self.epochs += 1
+                self.total_epochs += 1
+            elif rtype == records.STEP:
+                last = self._last_mark.get(pid)
+                if last is not None:
+                    self.marks.append(a - last)
+                self._last_mark[pid] = a
+            elif rtype == records.WORKER:
+                self.worker_pids[a] = b
+
+    def take(self) -> dict[str, Any]:
+        """The figures since the last call, then start a new interval."""
+        steps = self.steps if self.steps else self.marks
+        out: dict[str, Any] = {
+            "batches": len(self.waits),
+            "epochs_started": self.epochs,
+            "data_wait": distribution(self.waits),
+            "step": distribution(steps),
+            "step_source": "dataloader" if self.steps else ("marks" if self.marks else None),
+        }
+        step_sum = out["step"]["sum_s"]
+        out["data_wait_share"] = (out["data_wait"]["sum_s"] / step_sum
+                                  if self.steps and step_sum > 0 else None)
+        if self.epoch_start_waits:
+            out["epoch_start_wait"] = distribution(self.epoch_start_waits)
+        self.waits, self.steps, self.marks, self.epochs = [], [], [], 0
+        self.epoch_start_waits = []
+        return out
+
+
+class TimingReader:
+    """Follows ``<run>/timing/*.bin`` as the training processes append to them."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._offsets: dict[str, int] = {}
+        self.bad_bytes = 0
+
+    def poll(self, into: TrainingAggregator) -> int:
+        """Feed every whole record written since the last poll; returns how many."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return 0
+        count = 0
+        for name in names:
+            if not name.endswith(".bin") or not name[:-4].isdigit():
+                continue
+            path = os.path.join(self.directory, name)
+            offset = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(offset)
+                    data = fh.read()
+            except OSError:
+                continue
+            whole = len(data) - len(data) % records.RECORD_BYTES
+            if not whole:
+                continue
+            recs = array("q")
+            recs.frombytes(data[:whole])
+            self._offsets[path] = offset + whole
+            into.feed(int(name[:-4]), recs)
+            count += whole // records.RECORD_BYTES
+        return count
