@@ -1,0 +1,152 @@
+"""`iolens run` on real PyTorch training scripts, unmodified."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+TRAIN = textwrap.dedent("""
+    import sys, time, torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 48
+        def __getitem__(self, i):
+            time.sleep(0.01)  # a slow input pipeline: the loop waits for data
+            return torch.randn(8), i % 2
+
+    if __name__ == "__main__":
+        workers = int(sys.argv[1])
+        loader = DataLoader(Slow(), batch_size=8, num_workers=workers)
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for x, y in loader:
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad(); loss.backward(); opt.step()
+        print("trained", flush=True)
+        sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+""")
+
+
+def iolens_run(tmp_path: Path, *args: str, timeout: float = 120,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "iolens", "run", *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, **(env or {})})
+
+
+def records(run: Path) -> list[dict[str, Any]]:
+    lines = (run / "records.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]  # every line must parse
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(TRAIN)
+    return path
+
+
+def test_real_training_is_timed_without_code_change(tmp_path: Path, script: Path) -> None:
+    out = iolens_run(tmp_path, "--out", "run", "--interval", "0.2", "--", sys.executable,
+                     str(script), "2")
+    assert out.returncode == 0, out.stderr
+    assert "trained" in out.stdout  # the job's own output passes through
+    run = tmp_path / "run"
+    recs = records(run)
+    assert len(recs) >= 3
+    batches = sum(r["train"]["batches"] for r in recs)
+    epochs = sum(r["train"]["epochs_started"] for r in recs)
+    assert (batches, epochs) == (12, 2)  # 48 samples / 8 per batch, twice
+    waits = [r["train"]["data_wait"] for r in recs if r["train"]["batches"]]
+    assert all(w["p50_s"] <= w["p95_s"] <= w["max_s"] for w in waits)
+    assert max(r["job"]["roles"].get("worker", {}).get("pids", 0) for r in recs) == 2
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["exit_code"] == 0 and meta["command"][-2:] == [str(script), "2"]
+    assert meta["timing"][0]["installed"] is True
+    assert meta["gpu"]["available"] is False and meta["gpu"]["reason"]
+    share = meta["summary"]["data_wait_share"]
+    assert share > 0.5 and meta["summary"]["severity"] == "high"
+    assert "data wait" in out.stderr and "run directory" in out.stderr
+
+
+def test_exit_codes_pass_through(tmp_path: Path, script: Path) -> None:
+    assert iolens_run(tmp_path, "--", sys.executable, str(script), "0", "3").returncode == 3
+    killed = iolens_run(tmp_path, "--", sys.executable, "-c",
+                        "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert killed.returncode == 128 + signal.SIGKILL
+    missing = iolens_run(tmp_path, "--", "no-such-program-xyz")
+    assert missing.returncode == 2 and "command not found" in missing.stderr
+
+
+def test_sigterm_reaches_the_job(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "iolens", "run", "--out", "r", "--interval", "0.1", "--",
+         sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    meta = json.loads((tmp_path / "r" / "meta.json").read_text())
+    assert meta["signals_received"] == ["SIGTERM"] and meta["signal"] == signal.SIGTERM
+
+
+def test_job_survives_the_sidecar_being_killed(tmp_path: Path) -> None:
+    marker = tmp_path / "finished"
+    code = f"import time; time.sleep(1.5); open({str(marker)!r}, 'w').write('ok')"
+    proc = subprocess.Popen([sys.executable, "-m", "iolens", "run", "--out", "r", "--interval",
+                             "0.1", "--", sys.executable, "-c", code], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.8)
+    proc.kill()
+    proc.wait(timeout=10)
+    for _ in range(100):
+        if marker.exists():
+            break
+        time.sleep(0.1)
+    assert marker.read_text() == "ok"
+    assert records(tmp_path / "r")  # what was written before the kill parses
+
+
+def test_unwritable_out_falls_back_and_the_job_runs(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    out = iolens_run(tmp_path, "--out", "file/run", "--", sys.executable, "-c", "print('hi')")
+    assert out.returncode == 0 and "hi" in out.stdout
+    assert "cannot create file/run" in out.stderr and "recording to" in out.stderr
+
+
+def test_existing_sitecustomize_still_runs(tmp_path: Path, script: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        f"open({str(tmp_path / 'user-site-ran')!r}, 'w').write('yes')\n")
+    out = iolens_run(tmp_path, "--out", "run", "--", sys.executable, str(script), "0",
+                     env={"PYTHONPATH": str(site)})
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "user-site-ran").read_text() == "yes"
+    assert sum(r["train"]["batches"] for r in records(tmp_path / "run")) == 12
+
+
+def test_bad_arguments() -> None:
+    cases: list[tuple[list[str], str]] = [
+        (["--interval", "0.01", "--", "true"], "between 0.1 and 60"),
+        (["--"], "no command"),
+        (["--device", "nvme99n9", "--", "true"], "unknown device"),
+    ]
+    for args, text in cases:
+        out = subprocess.run([sys.executable, "-m", "iolens", "run", *args], capture_output=True,
+                             text=True, check=False)
+        assert out.returncode == 2 and text in out.stderr

@@ -1,0 +1,72 @@
+"""Training-side timing: record aggregation and the writer's failure path (pure, no torch)."""
+
+from __future__ import annotations
+
+from array import array
+from pathlib import Path
+
+from iolens.training import records
+from iolens.training._hooks import TimingWriter
+from iolens.training.timing import TimingReader, TrainingAggregator, distribution
+
+MS = 1_000_000
+
+
+def recs(*triples: tuple[int, int, int]) -> array[int]:
+    return array("q", [v for t in triples for v in t])
+
+
+def test_distribution_nearest_rank() -> None:
+    d = distribution([i * MS for i in range(1, 101)])
+    assert d == {"count": 100, "sum_s": 5.05, "max_s": 0.1, "p50_s": 0.05, "p95_s": 0.095}
+    assert distribution([])["count"] == 0
+
+
+def test_wait_and_step_per_loader_and_epoch() -> None:
+    agg = TrainingAggregator()
+    tag = 1 << records.TAG_SHIFT
+    agg.feed(42, recs(
+        (records.EPOCH | tag, 0, 2),
+        (records.WORKER | tag, 1001, 0),
+        (records.BATCH | tag, 0, 30 * MS),  # first batch: 30 ms wait, step from epoch start
+        (records.BATCH | tag, 40 * MS, 50 * MS),  # 10 ms compute, then 10 ms wait
+        (records.BATCH | (2 << records.TAG_SHIFT), 51 * MS, 52 * MS),  # another loader
+    ))
+    out = agg.take()
+    assert out["batches"] == 3 and out["epochs_started"] == 1
+    assert out["data_wait"]["sum_s"] == 0.041
+    assert out["step"]["sum_s"] == 0.051  # 30 + 20, and 1 ms for the other loader's first
+    assert out["data_wait_share"] == 0.041 / 0.051
+    assert out["epoch_start_wait"]["max_s"] == 0.03
+    assert agg.worker_pids == {1001: 0}
+    assert agg.take()["batches"] == 0  # a new interval starts empty
+
+
+def test_step_marks_without_a_dataloader() -> None:
+    agg = TrainingAggregator()
+    agg.feed(7, recs((records.STEP, 0, 0), (records.STEP, 5 * MS, 0), (records.STEP, 15 * MS, 0)))
+    out = agg.take()
+    assert out["step"]["count"] == 2 and out["step_source"] == "marks"
+    assert out["data_wait_share"] is None
+
+
+def test_reader_skips_a_torn_record_until_it_is_whole(tmp_path: Path) -> None:
+    data = recs((records.BATCH, 0, MS), (records.BATCH, 2 * MS, 3 * MS)).tobytes()
+    path = tmp_path / "12.bin"
+    path.write_bytes(data[:30])  # one record and a piece of the next
+    agg = TrainingAggregator()
+    reader = TimingReader(str(tmp_path))
+    assert reader.poll(agg) == 1
+    path.write_bytes(data)
+    assert reader.poll(agg) == 1
+    assert agg.take()["batches"] == 2
+
+
+def test_writer_failure_is_recorded_not_raised(tmp_path: Path) -> None:
+    (tmp_path / "blocker").write_text("")
+    w = TimingWriter(str(tmp_path / "blocker" / "timing"))
+    w.buf.extend((records.BATCH, 0, 1))
+    w.flush()
+    assert w.error is not None and "cannot write timing records" in w.error
+    assert w.dropped == 1 and len(w.buf) == 0
+    w.close()
