@@ -150,3 +150,14 @@ def test_bad_arguments() -> None:
         out = subprocess.run([sys.executable, "-m", "iolens", "run", *args], capture_output=True,
                              text=True, check=False)
         assert out.returncode == 2 and text in out.stderr
+
+
+def test_the_demo_training_under_iolens_run(tmp_path: Path) -> None:
+    out = iolens_run(tmp_path, "--out", "demo", "--interval", "0.2", "--", sys.executable, "-m",
+                     "iolens.demo", "--data", str(tmp_path / "data"), "--files", "96",
+                     "--epochs", "2", "--batch-size", "16")
+    assert out.returncode == 0, out.stderr
+    assert "epoch 2/2: 96 samples" in out.stdout
+    recs = records(tmp_path / "demo")
+    assert sum(r["train"]["batches"] for r in recs) == 12
+    assert "data wait" in out.stderr
