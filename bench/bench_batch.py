@@ -60,9 +60,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         _hooks.start(tmp, flush_ns=500_000_000)
         _hooks.patch_dataloader(hooked_mod)
-        plain = iter(plain_mod.DataLoader())  # type: ignore[attr-defined]
-        hooked = iter(hooked_mod.DataLoader())  # type: ignore[attr-defined]
-        base, timed = [], []
+        plain = iter(plain_mod.DataLoader())
+        hooked = iter(hooked_mod.DataLoader())
+        base: list[float] = []
+        timed: list[float] = []
         for r in range(args.rounds):
             pair = [(base, plain), (timed, hooked)]
             for sink, it in (pair if r % 2 == 0 else pair[::-1]):
