@@ -161,3 +161,24 @@ def test_the_demo_training_under_iolens_run(tmp_path: Path) -> None:
     recs = records(tmp_path / "demo")
     assert sum(r["train"]["batches"] for r in recs) == 12
     assert "data wait" in out.stderr
+
+
+def test_full_disk_under_the_run_directory(tmp_path: Path) -> None:
+    from tests.conftest import need
+
+    need(os.geteuid() == 0, "needs root to mount a tiny filesystem")
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(small)], check=True)
+    try:
+        out = iolens_run(tmp_path, "--out", str(small / "run"), "--interval", "0.1", "--",
+                         sys.executable, "-c", "import time; time.sleep(2); print('done')")
+        assert out.returncode == 0
+        assert "done" in out.stdout
+        assert "interval(s) not saved" in out.stderr
+        data = (small / "run" / "records.jsonl").read_bytes()
+        assert data.endswith(b"\n")  # no torn last line: short writes are cut back
+        for line in data.splitlines():
+            json.loads(line)
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)

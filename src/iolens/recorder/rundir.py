@@ -51,6 +51,7 @@ class RunDir:
         self._fd: int | None = os.open(
             os.path.join(path, RECORDS),
             os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        self._size = os.fstat(self._fd).st_size
         self.lines = 0
         self.lost_lines = 0
         self.write_error: str | None = None
@@ -69,13 +70,16 @@ class RunDir:
         try:
             written = os.write(self._fd, line)
             if written != len(line):
-                # A short write leaves half a line: end it so the next line stays whole.
-                os.write(self._fd, b"\n")
-                raise OSError(28, "short write (disk full?)")
+                raise OSError(28, "No space left on device (short write)")
         except OSError as exc:
+            # Cut back whatever part of the line reached the file, so that every
+            # line in it stays whole and parseable.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
             self.lost_lines += 1
             self.write_error = f"cannot write {RECORDS}: {exc.strerror or exc}"
             return False
+        self._size += written
         self.lines += 1
         return True
 
