@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -125,7 +124,6 @@ class Recorder:
         except StatsUnavailableError as exc:
             self._disk_error = f"{exc}: no device statistics on this system"
             self.notes.append(self._disk_error)
-        self.gpu_note = "" if self.gpu.available else self.gpu.reason
 
     # -- pieces of a record ---------------------------------------------------
 
@@ -154,8 +152,7 @@ class Recorder:
     def _job(self, seconds: float) -> dict[str, Any]:
         samples = self.procs.sample(self.root_pid)
         workers = set(self.train.worker_pids)
-        mains = {int(n[:-4]) for n in _listdir(self.run.timing_dir) if n[:-4].isdigit()
-                 and n.endswith(".bin")}
+        mains = self.timing.pids
         totals = {"main": RoleTotals(), "worker": RoleTotals(), "other": RoleTotals()}
         states: dict[str, int] = {}
         seen: dict[int, _ProcState] = {}
@@ -300,9 +297,8 @@ class Recorder:
             "start_t": round(self.start_wall, 3),
             "devices": dict(self.watch),
             "disk_source": self.disks.source if self._disk_error is None else None,
-            "gpu": {"available": self.gpu.available, "reason": self.gpu_note,
+            "gpu": {"available": self.gpu.available, "reason": self.gpu.reason,
                     "names": self.gpu.names},
-            "argv0": sys.argv[0] if sys.argv else "",
             **extra,
         }
 

@@ -30,8 +30,6 @@ class ProcStat:
     """User CPU time in clock ticks (CLK_TCK per second)."""
     stime_ticks: int
     """System CPU time in clock ticks."""
-    delayacct_blkio_ticks: int = 0
-    """Time spent waiting for block I/O, in ticks (0 unless delay accounting is on)."""
 
 
 def parse_proc_stat(text: str) -> ProcStat | None:
@@ -53,7 +51,6 @@ def parse_proc_stat(text: str) -> ProcStat | None:
             ppid=int(fields[1]),
             utime_ticks=int(fields[11]),
             stime_ticks=int(fields[12]),
-            delayacct_blkio_ticks=int(fields[39]) if len(fields) > 39 else 0,
         )
     except (IndexError, ValueError):
         return None

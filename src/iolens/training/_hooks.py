@@ -25,9 +25,6 @@ from typing import Any
 from iolens.training import records
 
 _now = time.monotonic_ns
-# Past this many buffered int64s (about 1.5 MB) new records are dropped, not
-# kept: the run directory cannot take writes and memory must not grow.
-_MAX_BUFFERED = 3 * 65536
 
 
 class TimingWriter:
@@ -53,6 +50,7 @@ class TimingWriter:
         if not self.buf:
             return
         if self.error is not None:
+            # The run directory cannot take writes: drop, so memory does not grow.
             self._drop()
             return
         try:
@@ -72,9 +70,8 @@ class TimingWriter:
             self._drop()
 
     def _drop(self) -> None:
-        if len(self.buf) >= _MAX_BUFFERED or self.error is not None:
-            self.dropped += len(self.buf) // 3
-            del self.buf[:]
+        self.dropped += len(self.buf) // 3
+        del self.buf[:]
 
     def status(self, **extra: Any) -> None:
         """Write ``<pid>.json``: whether timing works here, and if not, why."""

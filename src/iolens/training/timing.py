@@ -47,8 +47,6 @@ class TrainingAggregator:
     epoch_start_waits: list[int] = field(default_factory=list)
     worker_pids: dict[int, int] = field(default_factory=dict)
     """Worker pid -> worker id, as the loaders reported them."""
-    total_batches: int = 0
-    total_epochs: int = 0
     _streams: dict[tuple[int, int], _Stream] = field(default_factory=dict)
     _last_mark: dict[int, int] = field(default_factory=dict)
     _epoch_pending: set[tuple[int, int]] = field(default_factory=set)
@@ -65,7 +63,6 @@ class TrainingAggregator:
                 self.waits.append(wait)
                 self.steps.append(b - stream.last_end if stream.last_end is not None else wait)
                 stream.last_end = b
-                self.total_batches += 1
                 if key in self._epoch_pending:
                     self._epoch_pending.discard(key)
                     self.epoch_start_waits.append(wait)
@@ -73,7 +70,6 @@ class TrainingAggregator:
                 self._streams.setdefault(key, _Stream()).last_end = a
                 self._epoch_pending.add(key)
                 self.epochs += 1
-                self.total_epochs += 1
             elif rtype == records.STEP:
                 last = self._last_mark.get(pid)
                 if last is not None:
@@ -108,7 +104,8 @@ class TimingReader:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self._offsets: dict[str, int] = {}
-        self.bad_bytes = 0
+        self.pids: set[int] = set()
+        """Processes that have written timing records: those running the training loop."""
 
     def poll(self, into: TrainingAggregator) -> int:
         """Feed every whole record written since the last poll; returns how many."""
@@ -134,6 +131,8 @@ class TimingReader:
             recs = array("q")
             recs.frombytes(data[:whole])
             self._offsets[path] = offset + whole
-            into.feed(int(name[:-4]), recs)
+            pid = int(name[:-4])
+            self.pids.add(pid)
+            into.feed(pid, recs)
             count += whole // records.RECORD_BYTES
         return count
