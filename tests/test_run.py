@@ -74,6 +74,11 @@ def test_real_training_is_timed_without_code_change(tmp_path: Path, script: Path
     waits = [r["train"]["data_wait"] for r in recs if r["train"]["batches"]]
     assert all(w["p50_s"] <= w["p95_s"] <= w["max_s"] for w in waits)
     assert max(r["job"]["roles"].get("worker", {}).get("pids", 0) for r in recs) == 2
+    for r in recs:
+        assert set(r["cpu"]) == {"user", "system", "iowait", "idle", "steal"}
+        assert r["mem"]["cached_bytes"] > 0
+        for role in r["job"]["roles"].values():
+            assert role["cache_hit"] is None or 0.0 <= role["cache_hit"] <= 1.0
     meta = json.loads((run / "meta.json").read_text())
     assert meta["exit_code"] == 0 and meta["command"][-2:] == [str(script), "2"]
     assert meta["timing"][0]["installed"] is True
@@ -182,3 +187,17 @@ def test_full_disk_under_the_run_directory(tmp_path: Path) -> None:
             json.loads(line)
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_devices_the_job_opens_files_on_are_watched(tmp_path: Path) -> None:
+    from tests.test_devmap import mounted_loop
+
+    with mounted_loop(tmp_path, tmp_path / "mnt") as (dev, mnt):
+        code = f"f = open({str(mnt / 'data.bin')!r}, 'wb'); import time; time.sleep(1.5)"
+        out = iolens_run(tmp_path, "--out", "run", "--interval", "0.1", "--", sys.executable,
+                         "-c", code)
+    assert out.returncode == 0, out.stderr
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    name = Path(dev).name
+    assert meta["devices"][name].startswith("the job reads or writes")
+    assert any(name in r["devices"] for r in records(tmp_path / "run"))

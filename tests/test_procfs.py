@@ -1,0 +1,76 @@
+"""Per-process and system parsers on fixture text, and the process tree on this machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from iolens.sources.procfs import (
+    CpuTimes,
+    ProcessTable,
+    cpu_percentages,
+    parse_cpu_times,
+    parse_meminfo,
+    parse_proc_io,
+    parse_proc_stat,
+)
+
+STAT = ("4242 (pt (data) worker) S 4200 4242 4200 0 -1 4194560 2117 0 0 0 "
+        "153 27 0 0 20 0 1 0 12345 103088128 3100 18446744073709551615 1 1 0 0 0 0 0 "
+        "16781312 16386 0 0 0 17 1 0 0 9 0 0")
+
+
+def test_stat_name_with_spaces_and_parentheses() -> None:
+    st = parse_proc_stat(STAT)
+    assert st is not None
+    assert (st.pid, st.comm, st.state, st.ppid) == (4242, "pt (data) worker", "S", 4200)
+    assert (st.utime_ticks, st.stime_ticks) == (153, 27)
+    assert parse_proc_stat("garbage") is None
+    assert parse_proc_stat("1 (x) S") is None
+
+
+def test_io_keys() -> None:
+    io = parse_proc_io("rchar: 100\nwchar: 20\nsyscr: 3\nread_bytes: 40\nwrite_bytes: 8\n"
+                       "cancelled_write_bytes: 4\nbogus: x\n")
+    assert io is not None
+    assert (io.rchar, io.wchar, io.read_bytes, io.write_bytes, io.cancelled_write_bytes) == (
+        100, 20, 40, 8, 4)
+    assert (io - io).rchar == 0 and (io + io).read_bytes == 80
+    assert parse_proc_io("") is None
+
+
+def test_cpu_line_and_percentages() -> None:
+    a = parse_cpu_times("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4\n")
+    b = parse_cpu_times("cpu  160 0 70 900 70 0 0 0 0 0\n")
+    assert a == CpuTimes(100, 0, 50, 800, 50)
+    assert b is not None and a is not None
+    pct = cpu_percentages(a, b)
+    assert pct == {"user": 30.0, "system": 10.0, "iowait": 10.0, "idle": 50.0, "steal": 0.0}
+    assert parse_cpu_times("cpu  1 2 3\n") == CpuTimes(1, 2, 3)  # an old kernel's short line
+    assert parse_cpu_times("intr 5\n") is None
+    assert cpu_percentages(a, a)["idle"] == 0.0
+
+
+def test_meminfo_in_bytes() -> None:
+    m = parse_meminfo("MemTotal:  100 kB\nCached:   2 kB\nDirty: 1 kB\nWriteback: x kB\n")
+    assert m == {"MemTotal": 102400, "Cached": 2048, "Dirty": 1024}
+
+
+def test_descendants_of_a_real_process_tree() -> None:
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(5)']); print(p.pid, flush=True); time.sleep(5)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        table = ProcessTable()
+        tree = table.descendants(parent.pid)
+        assert [p.pid for p in tree][:1] == [parent.pid]
+        assert child in {p.pid for p in tree}
+        sample = table.sample(parent.pid)
+        assert sample[child].io is not None and sample[child].stat.ppid == parent.pid
+        assert table.descendants(os.getpid() + 10_000_000) == []
+    finally:
+        parent.kill()
+        parent.wait()
