@@ -92,9 +92,11 @@ def cache_hit(io: ProcIO) -> float | None:
 class Recorder:
     """Samples everything the run directory records, one interval at a time."""
 
-    def __init__(self, run: RunDir, root_pid: int, interval: float,
+    def __init__(self, run: RunDir | None, root_pid: int | None, interval: float,
                  watch: dict[str, str], *, proc_root: str = "/proc", sys_root: str = "/sys",
                  discover: bool = True) -> None:
+        """``run`` None samples without writing (``iolens top``); ``root_pid`` None
+        watches the devices and the machine but no process tree."""
         self.run = run
         self.root_pid = root_pid
         self.interval = interval
@@ -107,7 +109,7 @@ class Recorder:
         self.system = SystemReader(proc_root)
         self.procs = ProcessTable(proc_root)
         self.gpu = GpuReader()
-        self.timing = TimingReader(run.timing_dir)
+        self.timing = TimingReader(run.timing_dir if run is not None else None)
         self.train = TrainingAggregator()
         self.notes: list[str] = []
         self.seq = 0
@@ -150,6 +152,8 @@ class Recorder:
         return out
 
     def _job(self, seconds: float) -> dict[str, Any]:
+        if self.root_pid is None:
+            return {}
         samples = self.procs.sample(self.root_pid)
         workers = set(self.train.worker_pids)
         mains = self.timing.pids
@@ -255,11 +259,15 @@ class Recorder:
         if self.gpu.available:
             rec["gpu"] = self.gpu.sample()
         self.seq += 1
-        self.run.append(rec)
+        if self.run is not None:
+            self.run.append(rec)
         return rec
 
-    def loop(self, wait: Callable[[float], bool]) -> None:
+    def loop(self, wait: Callable[[float], bool],
+             on_record: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Sample every interval until ``wait(timeout)`` returns True (the job ended).
+
+        ``on_record`` sees each record once it is written (the live view).
 
         NOTE [never hurt the job]: an exception while sampling is recorded
         and sampling goes on; the loop itself never ends the job.
@@ -270,7 +278,9 @@ class Recorder:
             if wait(max(0.0, next_tick - time.monotonic())):
                 return
             try:
-                self.sample()
+                rec = self.sample()
+                if on_record is not None:
+                    on_record(rec)
             except Exception as exc:  # noqa: BLE001 - see NOTE above
                 failures += 1
                 if failures <= 3:

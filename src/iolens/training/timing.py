@@ -101,7 +101,8 @@ class TrainingAggregator:
 class TimingReader:
     """Follows ``<run>/timing/*.bin`` as the training processes append to them."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str | None) -> None:
+        """``directory`` None reads nothing (no training side to follow)."""
         self.directory = directory
         self._offsets: dict[str, int] = {}
         self.pids: set[int] = set()
@@ -109,6 +110,8 @@ class TimingReader:
 
     def poll(self, into: TrainingAggregator) -> int:
         """Feed every whole record written since the last poll; returns how many."""
+        if self.directory is None:
+            return 0
         try:
             names = os.listdir(self.directory)
         except OSError:
