@@ -257,7 +257,12 @@ class Recorder:
             "train": self.train.take(),
         }
         if self.gpu.available:
-            rec["gpu"] = self.gpu.sample()
+            gpus = self.gpu.sample()
+            for g in gpus:  # which of each GPU's processes belong to the job
+                mine = [p for p in g.get("pids", ()) if p in self._procs]
+                if mine:
+                    g["job_pids"] = mine
+            rec["gpu"] = gpus
         self.seq += 1
         if self.run is not None:
             self.run.append(rec)

@@ -45,11 +45,10 @@ class GpuReader:
                     "index": i, "util_pct": float(util.gpu), "mem_util_pct": float(util.memory),
                     "mem_used_bytes": int(mem.used), "mem_total_bytes": int(mem.total),
                 }
-                try:
-                    procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
-                    entry["pids"] = sorted(int(p.pid) for p in procs)
-                except Exception:  # noqa: BLE001 - not supported on every driver
-                    pass
+                procs = _processes(nv, h)
+                if procs is not None:
+                    entry["pids"] = sorted(procs)
+                    entry["proc_mem_bytes"] = [procs[p] for p in entry["pids"]]
                 out.append(entry)
             except Exception as exc:  # noqa: BLE001
                 out.append({"index": i, "error": str(exc)})
@@ -62,6 +61,26 @@ class GpuReader:
                 self._nvml.nvmlShutdown()
             self._nvml = None
             self.available = False
+
+
+def _processes(nv: Any, handle: Any) -> dict[int, int | None] | None:
+    """pid -> GPU memory it holds (None where NVML does not say), compute and graphics
+    contexts alike; None when the driver answers neither query."""
+    found: dict[int, int | None] = {}
+    answered = False
+    for query in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        try:
+            procs = getattr(nv, query)(handle)
+        except Exception:  # noqa: BLE001 - not supported on every driver or container
+            continue
+        answered = True
+        for p in procs:
+            used = getattr(p, "usedGpuMemory", None)
+            mem = int(used) if isinstance(used, int) and used >= 0 else None
+            pid = int(p.pid)
+            if found.get(pid) is None:
+                found[pid] = mem
+    return found if answered else None
 
 
 def _text(value: Any) -> str:
