@@ -16,10 +16,10 @@ from tests.kernelfake import FakeDevice, FakeSnapshot, counters, write_snapshot_
 
 def test_public_names_are_exactly_these() -> None:
     assert sorted(iolens.__all__) == sorted([
-        "DeviceMapping", "DeviceRates", "DiskCounters", "DiskSampler", "DiskSnapshot",
-        "IolensError", "StatsUnavailableError", "UnknownDeviceError", "__version__",
-        "device_for_path", "device_rates", "get_disk_usage", "read_snapshot_dir",
-        "snapshot_rates",
+        "DeviceMapping", "DeviceRates", "DiskCounters", "DiskLogger", "DiskSampler",
+        "DiskSnapshot", "InstrumentedLoader", "IolensError", "Monitor", "StatsUnavailableError",
+        "UnknownDeviceError", "__version__", "device_for_path", "device_rates", "get_disk_usage",
+        "instrument", "log_disk_usage", "monitor", "read_snapshot_dir", "snapshot_rates", "step",
     ])
     for name in iolens.__all__:
         assert hasattr(iolens, name)

@@ -163,18 +163,30 @@ def _child_shares_terminal() -> bool:
 
 def _finish(opts: RunOptions, run_dir: RunDir, recorder: Recorder | None, *, code: int,
             rc: int, stopped_by: list[int]) -> None:
+    summary = finish_run(run_dir, recorder, opts.command, {
+        "instrumented": opts.instrument,
+        "exit_code": code,
+        "signal": -rc if rc < 0 else None,
+        "signals_received": [signal.Signals(s).name for s in stopped_by],
+    })
+    if run_dir.write_error:
+        _say(opts, f"warning: {run_dir.write_error}; {run_dir.lost_lines} interval(s) not saved")
+    _say(opts, f"run directory {run_dir.path} ({run_dir.lines} intervals, exit code {code})")
+    for line in summary_lines(summary):
+        _say(opts, line)
+
+
+def finish_run(run_dir: RunDir, recorder: Recorder | None, command: list[str],
+               extra: dict[str, Any]) -> dict[str, Any]:
+    """Close the records, write the final meta.json with the summary; returns the summary."""
     run_dir.close()
-    records = list(read_records(run_dir.path))
-    summary = summarize(records)
+    summary = summarize(read_records(run_dir.path))
     if recorder is not None:
-        meta = recorder.base_meta(opts.command, {
-            "instrumented": opts.instrument,
+        meta = recorder.base_meta(command, {
             "devices": recorder.watch,
             "end": rfc3339(time.time()),
             "duration_s": round(time.time() - recorder.start_wall, 3),
-            "exit_code": code,
-            "signal": -rc if rc < 0 else None,
-            "signals_received": [signal.Signals(s).name for s in stopped_by],
+            **extra,
             "records": run_dir.lines,
             "lost_records": run_dir.lost_lines,
             "write_error": run_dir.write_error,
@@ -184,11 +196,7 @@ def _finish(opts: RunOptions, run_dir: RunDir, recorder: Recorder | None, *, cod
         })
         run_dir.write_meta(meta)
         recorder.close()
-    if run_dir.write_error:
-        _say(opts, f"warning: {run_dir.write_error}; {run_dir.lost_lines} interval(s) not saved")
-    _say(opts, f"run directory {run_dir.path} ({len(records)} intervals, exit code {code})")
-    for line in summary_lines(summary):
-        _say(opts, line)
+    return summary
 
 
 def _timing_status(directory: str) -> list[dict[str, Any]]:

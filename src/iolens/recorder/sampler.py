@@ -94,9 +94,11 @@ class Recorder:
 
     def __init__(self, run: RunDir | None, root_pid: int | None, interval: float,
                  watch: dict[str, str], *, proc_root: str = "/proc", sys_root: str = "/sys",
-                 discover: bool = True) -> None:
+                 discover: bool = True, exclude_pids: frozenset[int] = frozenset()) -> None:
         """``run`` None samples without writing (``iolens top``); ``root_pid`` None
-        watches the devices and the machine but no process tree."""
+        watches the devices and the machine but no process tree; ``exclude_pids``
+        are left out of the tree (the sidecar, itself a child of the job)."""
+        self.exclude_pids = exclude_pids
         self.run = run
         self.root_pid = root_pid
         self.interval = interval
@@ -126,6 +128,13 @@ class Recorder:
         except StatsUnavailableError as exc:
             self._disk_error = f"{exc}: no device statistics on this system"
             self.notes.append(self._disk_error)
+        if root_pid is not None:
+            # The baseline of the process tree: a process that was running before
+            # the recording (iolens.monitor()) counts only what it does from now.
+            try:
+                self._job(1.0)
+            except Exception as exc:  # noqa: BLE001 - NOTE [never hurt the job] in loop()
+                self.notes.append(f"could not read the job's processes: {exc!r}")
 
     # -- pieces of a record ---------------------------------------------------
 
@@ -161,6 +170,8 @@ class Recorder:
         states: dict[str, int] = {}
         seen: dict[int, _ProcState] = {}
         for pid, smp in samples.items():
+            if pid in self.exclude_pids:
+                continue
             st = smp.stat
             if pid in workers or st.comm == "pt_data_worker":
                 role = "worker"
@@ -194,7 +205,7 @@ class Recorder:
         rec["states"] = states
         rec["roles"] = {k: v.record(seconds) for k, v in totals.items() if v.pids}
         if self.discover and self.seq % _DISCOVER_EVERY == 0:
-            self._discover_devices(list(samples))
+            self._discover_devices([p for p in samples if p not in self.exclude_pids])
         return rec
 
     def _discover_devices(self, pids: list[int]) -> None:

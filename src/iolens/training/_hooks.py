@@ -98,6 +98,7 @@ class TimingWriter:
 _writer: TimingWriter | None = None
 _loader_tags: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 _patched = False
+_registered = False
 
 
 def writer() -> TimingWriter | None:
@@ -107,12 +108,25 @@ def writer() -> TimingWriter | None:
 
 def start(directory: str, flush_ns: int = 500_000_000) -> TimingWriter:
     """Turn timing on for this process, writing under ``directory``."""
-    global _writer
+    global _writer, _registered
     if _writer is None or _writer.directory != directory:
+        if _writer is not None:
+            stop()
         _writer = TimingWriter(directory, flush_ns)
-        atexit.register(_at_exit)
-        os.register_at_fork(after_in_child=_after_fork_in_child)
+        if not _registered:
+            atexit.register(_at_exit)
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _registered = True
     return _writer
+
+
+def stop() -> None:
+    """Flush, write the status file and turn timing off (the patches stay, idle)."""
+    global _writer
+    w, _writer = _writer, None
+    if w is not None and w.pid == os.getpid():
+        w.close()
+        w.status(installed=_patched)
 
 
 def _after_fork_in_child() -> None:
@@ -151,6 +165,50 @@ def step() -> None:
         w.flush(t)
 
 
+def _note_epoch(w: TimingWriter, loader: Any, it: Any, t: int) -> int:
+    """Record an epoch start (and the loader's worker pids); returns the loader's tag."""
+    try:
+        tag = _tag_for(loader)
+        shift = records.TAG_SHIFT
+        w.buf.extend((records.EPOCH | (tag << shift), t, int(getattr(loader, "num_workers", 0))))
+        for wid, proc in enumerate(getattr(it, "_workers", ()) or ()):
+            pid = getattr(proc, "pid", None)
+            if pid:
+                w.buf.extend((records.WORKER | (tag << shift), int(pid), wid))
+    except Exception:  # noqa: BLE001 - see NOTE [never hurt the job]
+        return 0
+    return tag
+
+
+class TimedIterator:
+    """Times ``next()`` of any iterator, for ``iolens.instrument(loader)``."""
+
+    __slots__ = ("_it", "_kind")
+
+    def __init__(self, loader: Any, it: Any) -> None:
+        self._it = it
+        w = _writer
+        tag = _note_epoch(w, loader, it, _now()) if w is not None else 0
+        self._kind = records.BATCH | (tag << records.TAG_SHIFT)
+
+    def __iter__(self) -> TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        t0 = _now()
+        data = next(self._it)
+        t1 = _now()
+        w = _writer
+        if w is not None:
+            w.buf.extend((self._kind, t0, t1))
+            if t1 - w.last_flush > w.flush_ns:
+                w.flush(t1)
+        return data
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+
 def patch_dataloader(module: ModuleType) -> None:
     """Wrap ``_BaseDataLoaderIter.__next__`` and ``DataLoader.__iter__`` of torch's dataloader."""
     global _patched
@@ -179,16 +237,7 @@ def patch_dataloader(module: ModuleType) -> None:
         it = orig_iter(self)
         w = _writer
         if w is not None:
-            try:
-                tag = _tag_for(self)
-                it._iolens_tag = tag
-                w.buf.extend((records.EPOCH | (tag << shift), t, int(self.num_workers)))
-                for wid, proc in enumerate(getattr(it, "_workers", ()) or ()):
-                    pid = getattr(proc, "pid", None)
-                    if pid:
-                        w.buf.extend((records.WORKER | (tag << shift), int(pid), wid))
-            except Exception:  # noqa: BLE001 - see NOTE [never hurt the job]
-                pass
+            it._iolens_tag = _note_epoch(w, self, it, t)
         return it
 
     __next__.__wrapped__ = orig_next  # type: ignore[attr-defined]

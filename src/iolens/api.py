@@ -1,0 +1,389 @@
+"""The Python API for those who prefer code to ``iolens run``.
+
+    with iolens.monitor(out="runs/today", interval=1.0, paths=["/data"]):
+        train()                               # DataLoaders are timed as under `iolens run`
+
+    loader = iolens.instrument(loader)        # time one loader (any iterable) explicitly
+    iolens.step()                             # mark a step in a loop without a DataLoader
+
+    logger = iolens.log_disk_usage("io.log")  # the seed script's log lines, from a thread
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import IO, Any, Generic, TypeVar
+
+from iolens._errors import IolensError, StatsUnavailableError, UnknownDeviceError
+from iolens.core.rates import device_rates, interval_cs
+from iolens.recorder.rundir import META, default_run_dir
+from iolens.sources.devmap import device_for_path
+from iolens.sources.disk import DiskSampler
+from iolens.training import _hooks
+
+T = TypeVar("T")
+
+_STOP_GRACE_S = 10.0
+_READY_TIMEOUT_S = 10.0
+
+
+class Monitor:
+    """A recording of this process (and its children) by a sidecar process.
+
+    Use it as a context manager, or call :meth:`start` and :meth:`stop`. The
+    sidecar writes the same run directory as ``iolens run``; ``iolens
+    report`` reads either. Under ``iolens run`` (which already records this
+    process) a monitor records nothing of its own and says so.
+    """
+
+    def __init__(self, out: str | os.PathLike[str] | None = None, interval: float = 1.0,
+                 paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
+                 instrument: bool = True, quiet: bool = False) -> None:
+        if not 0.1 <= interval <= 60:
+            raise ValueError(f"interval must be between 0.1 and 60 seconds, not {interval!r}")
+        self.interval = float(interval)
+        self.paths = [os.fspath(p) for p in paths]
+        self.devices = list(devices)
+        self.instrument = instrument
+        self.quiet = quiet
+        self._out = os.fspath(out) if out is not None else None
+        self.run_dir: str | None = None
+        """Where the run is recorded; set by :meth:`start`."""
+        self.summary: dict[str, Any] | None = None
+        """The run's summary, once stopped."""
+        self.active = False
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._fork_hook_fd: int | None = None
+
+    # -- lifetime ---------------------------------------------------------------
+
+    def start(self) -> Monitor:
+        """Start the sidecar and the DataLoader timing; returns self."""
+        if self.active:
+            return self
+        outer = os.environ.get("IOLENS_RUN_DIR")
+        if outer and _hooks.writer() is not None:
+            self.run_dir = outer
+            self._say(f"this process is already recorded by iolens run into {outer}; "
+                      "monitor() adds nothing")
+            return self
+        argv = sys.argv if sys.argv and sys.argv[0] else [sys.executable]
+        path = self._out or default_run_dir("iolens-runs", [sys.executable, *argv[:1]])
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            # NOTE [never hurt the job]: an unwritable out must not stop the training.
+            fallback = tempfile.mkdtemp(prefix="iolens-run-")
+            self._say(f"cannot create {path} ({exc.strerror or exc}); recording to {fallback}")
+            path = fallback
+        self.run_dir = os.path.abspath(path)
+        cmd = [sys.executable, "-m", "iolens.recorder.sidecar", "--pid", str(os.getpid()),
+               "--out", self.run_dir, "--interval", str(self.interval)]
+        for p in self.paths:
+            cmd += ["--path", p]
+        for d in self.devices:
+            cmd += ["--device", d]
+        if not self.instrument:
+            cmd.append("--no-instrument")
+        for a in [sys.executable, *argv]:
+            cmd += ["--command", a]
+        env = dict(os.environ)
+        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"]
+                                          if env.get("PYTHONPATH") else "")
+        env.pop("IOLENS_RUN_DIR", None)
+        try:
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          env=env, close_fds=True)
+        except OSError as exc:
+            self._say(f"cannot start the monitor ({exc.strerror or exc}); not recording")
+            return self
+        _forget_in_children(self._proc)
+        if not _wait_ready(self._proc, _READY_TIMEOUT_S):
+            code = self._proc.poll()
+            if code is not None:
+                self._say(f"the monitor failed to start (exit code {code}); not recording")
+                self._proc = None
+                return self
+            self._say("the monitor is slow to start; recording begins when it is ready")
+        if self.instrument:
+            flush_ms = max(50, min(1000, int(self.interval * 250)))
+            _hooks.start(os.path.join(self.run_dir, "timing"), flush_ms * 1_000_000)
+            _hooks.install_import_hook()
+        self.active = True
+        atexit.register(self._stop_at_exit)
+        self._say(f"recording to {self.run_dir} every {self.interval:g} s")
+        return self
+
+    def stop(self) -> dict[str, Any] | None:
+        """End the recording, print the summary; returns it (None when nothing was recorded)."""
+        if not self.active:
+            return self.summary
+        self.active = False
+        with contextlib.suppress(Exception):
+            atexit.unregister(self._stop_at_exit)
+        if self.instrument:
+            _hooks.stop()
+        proc = self._proc
+        if proc is not None:
+            with contextlib.suppress(OSError, ValueError):
+                if proc.stdin is not None:
+                    proc.stdin.write(b"stop\n")
+                    proc.stdin.close()
+            try:
+                proc.wait(timeout=_STOP_GRACE_S + 3 * self.interval)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                self._say("the monitor did not finish in time and was stopped; "
+                          "its records are kept")
+        self.summary = self._read_summary()
+        if self.summary is not None:
+            from iolens.recorder.summary import summary_lines  # noqa: PLC0415 - at the end only
+
+            self._say(f"run directory {self.run_dir}")
+            for line in summary_lines(self.summary):
+                self._say(line)
+        return self.summary
+
+    def _stop_at_exit(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _read_summary(self) -> dict[str, Any] | None:
+        if self.run_dir is None:
+            return None
+        try:
+            with open(os.path.join(self.run_dir, META)) as fh:
+                summary = json.load(fh).get("summary")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return summary if isinstance(summary, dict) else None
+
+    def _say(self, msg: str) -> None:
+        if not self.quiet:
+            print(f"iolens: {msg}", file=sys.stderr, flush=True)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait for the sidecar's ``ready`` line, so the recording covers what follows start()."""
+    out = proc.stdout
+    if out is None:
+        return False
+    try:
+        ready, _, _ = select.select([out], [], [], timeout)
+        line = out.readline() if ready else b""
+    except (OSError, ValueError):
+        line = b""
+    finally:
+        with contextlib.suppress(OSError):
+            out.close()
+    return line.strip() == b"ready"
+
+
+def _forget_in_children(proc: subprocess.Popen[bytes]) -> None:
+    """Close the pipe to the sidecar in forked children (DataLoader workers).
+
+    A worker holding a copy of the pipe would keep the sidecar from seeing
+    the end of file that tells it this process died.
+    """
+    stdin = proc.stdin
+    if stdin is None:
+        return
+    fd = stdin.fileno()
+
+    def close_in_child() -> None:
+        with contextlib.suppress(OSError):
+            if proc.stdin is not None and not proc.stdin.closed and proc.stdin.fileno() == fd:
+                os.close(fd)
+
+    os.register_at_fork(after_in_child=close_in_child)
+
+
+def monitor(out: str | os.PathLike[str] | None = None, interval: float = 1.0,
+            paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
+            instrument: bool = True, quiet: bool = False) -> Monitor:
+    """Record this process as ``iolens run`` would: ``with iolens.monitor(): train()``.
+
+    ``out`` is the run directory (default ``iolens-runs/<time>-<script>``),
+    ``interval`` the sampling period in seconds (0.1 to 60), ``paths`` the
+    paths whose devices to watch besides the current directory's and those
+    the job opens, ``devices`` device names to watch as well. With
+    ``instrument`` (the default) every torch DataLoader is timed.
+    """
+    return Monitor(out, interval, paths, devices, instrument=instrument, quiet=quiet)
+
+
+class InstrumentedLoader(Generic[T]):
+    """An iterable that times each ``next()`` of the loader it wraps.
+
+    Everything else (``len()``, attributes such as ``dataset`` or
+    ``batch_size``) is the wrapped loader's.
+    """
+
+    def __init__(self, loader: Iterable[T]) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[T]:
+        it = iter(self.loader)
+        if getattr(it, "_iolens_tag", None) is not None:
+            return it  # a torch DataLoader already timed by the zero-code patch
+        return _hooks.TimedIterator(self.loader, it)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not yet set (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __repr__(self) -> str:
+        return f"iolens.instrument({self.loader!r})"
+
+
+def instrument(loader: Iterable[T]) -> InstrumentedLoader[T]:
+    """Time the batches of one loader (a torch DataLoader or any iterable).
+
+    The figures go to the recording in progress (``iolens run`` or
+    ``iolens.monitor()``); with none, the loader is passed through untimed.
+    """
+    if isinstance(loader, InstrumentedLoader):
+        return loader
+    return InstrumentedLoader(loader)
+
+
+def step() -> None:
+    """Mark the end of a training step, for loops that do not use a DataLoader.
+
+    The time between marks is the step time in the records. Costs well under
+    a microsecond; does nothing when no recording is in progress.
+    """
+    _hooks.step()
+
+
+class DiskLogger:
+    """A daemon thread that appends one line per device per interval to a file:
+
+        [2026-11-30 21:40:02] Read: 12.50 MB/s, Write: 0.00 MB/s, Await: 1.20 ms, Util: 45.6%
+
+    With several devices each line names its device after the time.
+    """
+
+    def __init__(self, file: str | os.PathLike[str] | IO[str], devices: Sequence[str],
+                 interval: float, *, proc_root: str = "/proc") -> None:
+        self.devices = list(devices)
+        self.interval = interval
+        self.error: str | None = None
+        """Why the thread stopped early, if it did."""
+        self.lines = 0
+        self._sampler = DiskSampler(proc_root=proc_root)
+        first = self._sampler.snapshot()
+        missing = [d for d in self.devices if d not in first.devices]
+        if missing:
+            self._sampler.close()
+            raise UnknownDeviceError(missing[0], first.devices)
+        self._prev = first
+        if isinstance(file, (str, os.PathLike)):
+            self._fh: IO[str] = open(file, "a", encoding="utf-8")  # noqa: SIM115 - thread owns it
+            self._owns = True
+        else:
+            self._fh, self._owns = file, False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="iolens-disk-logger", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                self._log_once()
+        except Exception as exc:  # noqa: BLE001 - a logging thread must never take the job down
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._sampler.close()
+            if self._owns:
+                with contextlib.suppress(OSError):
+                    self._fh.close()
+
+    def _log_once(self) -> None:
+        try:
+            cur = self._sampler.snapshot()
+        except StatsUnavailableError as exc:
+            self.error = str(exc)
+            self._stop.set()
+            return
+        try:
+            cs = interval_cs(self._prev, cur)
+        except ValueError:
+            cs = 0
+        stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+        out = []
+        for dev in self.devices:
+            label = f" {dev}:" if len(self.devices) > 1 else ""
+            c, p = cur.devices.get(dev), self._prev.devices.get(dev)
+            if c is None:
+                out.append(f"[{stamp}]{label} device {dev} is gone\n")
+                continue
+            r = device_rates(p if p is not None else c, c, cs)
+            out.append(f"[{stamp}]{label} Read: {r.rMB_s:.2f} MB/s, Write: {r.wMB_s:.2f} MB/s, "
+                       f"Await: {r.await_ms:.2f} ms, Util: {r.util:.1f}%\n")
+        self._prev = cur
+        self._fh.write("".join(out))
+        self._fh.flush()
+        self.lines += len(out)
+
+    def stop(self) -> None:
+        """Stop the thread and close the file; safe to call twice."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.interval + 5)
+
+    def __enter__(self) -> DiskLogger:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def log_disk_usage(file: str | os.PathLike[str] | IO[str] = "disk_usage.log",
+                   devices: Sequence[str] | str | None = None, interval: float = 2.0, *,
+                   path: str | os.PathLike[str] = ".", proc_root: str = "/proc") -> DiskLogger:
+    """Start a daemon thread writing the seed script's log lines to ``file``.
+
+    ``devices`` defaults to the disks serving ``path`` (the current
+    directory). Returns the :class:`DiskLogger`; call ``stop()`` or use it as
+    a context manager. Raises :class:`UnknownDeviceError` for a device that
+    does not exist and :class:`IolensError` when ``path`` maps to no disk.
+    """
+    if not interval > 0:
+        raise ValueError(f"interval must be a positive number of seconds, not {interval!r}")
+    if isinstance(devices, str):
+        devices = [devices]
+    if not devices:
+        mapping = device_for_path(os.fspath(path), proc_root)
+        if not mapping.disks:
+            raise IolensError(f"no disk serves {mapping.path}: {mapping.reason}; "
+                              "name the device with devices=[...]")
+        devices = mapping.disks
+    return DiskLogger(file, devices, interval, proc_root=proc_root)

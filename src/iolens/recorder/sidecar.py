@@ -1,0 +1,124 @@
+"""The sidecar that ``iolens.monitor()`` starts: records a process that is already running.
+
+    python -m iolens.recorder.sidecar --pid PID --out DIR [--interval S] [--path P] [--device D]
+
+It samples like ``iolens run`` does, with PID as the root of the job's
+process tree, until it reads ``stop`` (or end of file) on its standard input,
+or PID is gone. Then it takes the last partial interval, writes the final
+meta.json with the summary and exits 0. Once its baseline of the process
+tree is taken it writes ``ready`` on its standard output. The monitored script's own
+``monitor()`` object prints the summary; the sidecar prints only errors.
+
+NOTE [signals]: the sidecar shares the script's terminal, so a Ctrl-C typed
+there reaches both. The sidecar ignores SIGINT: the script decides when the
+recording ends (its ``with`` block unwinds and says ``stop``), and a script
+that dies closes the pipe, which ends the recording just the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import signal
+import sys
+import time
+
+from iolens.recorder.run import finish_run, initial_watch
+from iolens.recorder.rundir import RunDir
+from iolens.recorder.sampler import Recorder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Control:
+    """Reads the stop word from standard input; remembers why the recording ended."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.ended = ""
+        self._buf = b""
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                ready, _, _ = select.select([0], [], [], min(left, 0.5))
+            except InterruptedError:
+                ready = []
+            if ready:
+                chunk = os.read(0, 4096)
+                if not chunk:
+                    self.ended = "the monitored process closed its end of the pipe"
+                    return True
+                self._buf += chunk
+                if b"stop" in self._buf:
+                    self.ended = "monitor stopped"
+                    return True
+            if not _alive(self.pid):
+                self.ended = f"process {self.pid} ended"
+                return True
+            if left <= 0:
+                return False
+
+
+def _ready() -> None:
+    """Tell the monitored process that its baseline is taken (one line on stdout)."""
+    try:
+        sys.stdout.write("ready\n")
+        sys.stdout.flush()
+        sys.stdout.close()
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m iolens.recorder.sidecar")
+    ap.add_argument("--pid", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--path", action="append", default=[])
+    ap.add_argument("--device", action="append", default=[])
+    ap.add_argument("--no-instrument", dest="instrument", action="store_false")
+    ap.add_argument("--command", action="append", default=[],
+                    help="the monitored program's command line, for meta.json")
+    ns = ap.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        run_dir = RunDir(ns.out)
+    except OSError as exc:
+        print(f"iolens: monitor cannot record to {ns.out}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
+    watch, notes = initial_watch(ns.path, ns.device)
+    control = _Control(ns.pid)
+    recorder: Recorder | None = None
+    try:
+        recorder = Recorder(run_dir, ns.pid, ns.interval, watch,
+                            exclude_pids=frozenset({os.getpid()}))
+        recorder.notes.extend(notes)
+        run_dir.write_meta(recorder.base_meta(ns.command, {
+            "mode": "monitor", "instrumented": ns.instrument, "notes": recorder.notes}))
+        _ready()
+        recorder.loop(control.wait)
+        recorder.sample()  # the last, partial interval
+    except Exception as exc:  # noqa: BLE001 - NOTE [never hurt the job] in sampler.py
+        print(f"iolens: monitor recording stopped: {exc!r}", file=sys.stderr)
+        if recorder is not None:
+            recorder.notes.append(f"recording stopped: {exc!r}")
+    finish_run(run_dir, recorder, ns.command, {
+        "mode": "monitor", "instrumented": ns.instrument, "ended": control.ended})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
