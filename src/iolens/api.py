@@ -149,11 +149,11 @@ class Monitor:
                 self._say("the monitor did not finish in time and was stopped; "
                           "its records are kept")
         self.summary = self._read_summary()
-        if self.summary is not None:
-            from iolens.recorder.summary import summary_lines  # noqa: PLC0415 - at the end only
+        if self.summary is not None and self.run_dir is not None:
+            from iolens.recorder.run import end_lines  # noqa: PLC0415 - at the end only
 
             self._say(f"run directory {self.run_dir}")
-            for line in summary_lines(self.summary):
+            for line in end_lines(self.run_dir, self.summary):
                 self._say(line)
         return self.summary
 

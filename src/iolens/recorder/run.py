@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from types import FrameType
 from typing import Any
 
 import iolens
+from iolens.analysis.verdict import diagnose, verdict_lines
 from iolens.recorder.rundir import RECORDS, RunDir, rfc3339
 from iolens.recorder.sampler import Recorder
 from iolens.recorder.summary import summarize, summary_lines
@@ -172,15 +174,24 @@ def _finish(opts: RunOptions, run_dir: RunDir, recorder: Recorder | None, *, cod
     if run_dir.write_error:
         _say(opts, f"warning: {run_dir.write_error}; {run_dir.lost_lines} interval(s) not saved")
     _say(opts, f"run directory {run_dir.path} ({run_dir.lines} intervals, exit code {code})")
-    for line in summary_lines(summary):
+    for line in end_lines(run_dir.path, summary):
         _say(opts, line)
+
+
+def end_lines(path: str, summary: dict[str, Any]) -> list[str]:
+    """The verdict in three lines and where the full report is."""
+    verdict = summary.get("verdict")
+    if not isinstance(verdict, dict):
+        return summary_lines(summary)
+    return [*verdict_lines(verdict), f"full report: iolens report {shlex.quote(path)}"]
 
 
 def finish_run(run_dir: RunDir, recorder: Recorder | None, command: list[str],
                extra: dict[str, Any]) -> dict[str, Any]:
     """Close the records, write the final meta.json with the summary; returns the summary."""
     run_dir.close()
-    summary = summarize(read_records(run_dir.path))
+    records = read_records(run_dir.path)
+    summary = summarize(records)
     if recorder is not None:
         meta = recorder.base_meta(command, {
             "devices": recorder.watch,
@@ -192,8 +203,12 @@ def finish_run(run_dir: RunDir, recorder: Recorder | None, command: list[str],
             "write_error": run_dir.write_error,
             "timing": _timing_status(run_dir.timing_dir),
             "notes": recorder.notes,
-            "summary": summary,
         })
+        try:
+            summary["verdict"] = diagnose(records, meta).to_dict()
+        except Exception as exc:  # noqa: BLE001 - the records stay; the report can retry
+            recorder.notes.append(f"the verdict failed: {exc!r}")
+        meta["summary"] = summary
         run_dir.write_meta(meta)
         recorder.close()
     return summary

@@ -1,0 +1,1 @@
+"""Analysis: pure functions over recorded runs (the verdict, summaries, comparisons)."""

@@ -1,0 +1,75 @@
+"""Every threshold the verdict uses, in one place, each with its reason.
+
+Change a number here and the verdict, the live view, the reports and
+their tests all follow. The figures are compared with the recorded ones
+as they are (percent, milliseconds, bytes per second).
+"""
+
+from __future__ import annotations
+
+# -- severity: the share of step time the training loop waits for data ----------------
+# The bands of TensorFlow's input pipeline analyzer (DESIGN.md "The verdict").
+MODERATE = 0.05
+"""Below this the input pipeline keeps up: waiting 5% of the time costs at most 5%."""
+HIGH = 0.20
+"""From here, fixing the input pipeline gains at least 1.25x steps per second."""
+
+# -- enough data for a verdict ---------------------------------------------------------
+MIN_BATCHES = 20
+"""Fewer timed batches than this say too little: the verdict waits (live) or says so."""
+
+# -- storage ---------------------------------------------------------------------------
+UTIL_SATURATED = 80.0
+"""%util sustained over 80% means the device is busy nearly all the time (the
+classic iostat reading). %util understates load on devices that serve
+requests in parallel (NVMe, RAID), so await below is a second witness."""
+AWAIT_SLOW_MS = 10.0
+"""r_await over ~10 ms means reads queue or the medium is slow (a local SSD
+answers in well under 1 ms, a spinning disk in 5-10 ms)."""
+QUEUE_BUSY = 1.0
+"""aqu-sz of 1 or more: requests wait behind each other; with a slow await it
+confirms the device, not the job, sets the pace."""
+JOB_SHARE_OWN = 0.5
+"""The job makes up the device's load when at least half its bytes are the job's."""
+SMALL_READ_KIB = 128.0
+"""Average reads under 128 KiB on a busy device are the small-file pattern that
+packing (LMDB, HDF5, tar shards, memmap) turns into large sequential reads;
+larger ones are bandwidth-bound, where only faster storage or caching helps."""
+D_STATE_SHARE = 0.5
+"""Job processes in uninterruptible sleep (state D) in half the samples or more:
+the job waits on I/O even when the device it reads is not busy, because the
+limit sits above the device (a cgroup throttle, a network filesystem)."""
+
+# -- CPU -------------------------------------------------------------------------------
+WORKER_CPU_BUSY = 80.0
+"""A DataLoader worker using 80% or more of a core is CPU-bound on decode and
+augmentation: more workers or cheaper transforms help, faster disks do not."""
+MACHINE_IDLE_LOW = 10.0
+"""Under 10% idle (iowait counted as idle: it is free CPU) the machine has no
+core left for more workers."""
+
+# -- writes ----------------------------------------------------------------------------
+STALL_SHARE = 0.05
+"""Steps that take longer while the job's writes saturate a device, by more than
+5% of the step time in all, make a write stall (checkpoints, logs)."""
+
+# -- secondary findings ----------------------------------------------------------------
+NEIGHBOR_UTIL = 50.0
+"""A device at least half busy while the job makes up less than half its load
+has another process competing with the job (noisy neighbour)."""
+NEIGHBOR_SHARE_OF_TIME = 0.2
+"""... in at least a fifth of the training time, so one burst is not a finding."""
+WARM_CACHE_HIT = 0.9
+"""9 reads in 10 served from the page cache: the run measured a warm cache."""
+WARM_CACHE_MIN_RCHAR = 1 << 20
+"""... of at least 1 MiB/s read through syscalls, so an idle job is not 'warm'."""
+COLD_START_SHARE_OF_TIME = 0.2
+"""The first fifth of the training time is the start-up window."""
+COLD_START_RATIO = 2.0
+"""A start-up window that waits twice as much as the rest (and is itself in the
+high band) is a cold start: the cache fills, workers spin up."""
+EPOCH_START_RATIO = 5.0
+"""An epoch's first batch that waits five times the median wait: the workers
+are started anew each epoch (no persistent_workers) or prefetch is empty."""
+EPOCH_START_SHARE = 0.02
+"""... and those first batches add up to 2% of the step time or more."""

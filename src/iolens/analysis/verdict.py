@@ -1,0 +1,748 @@
+"""The verdict: what holds the training back, the evidence, and what to do about it.
+
+Pure functions over a run's interval records (and its meta.json, when
+there is one). The thresholds and their reasons live in
+:mod:`iolens.analysis.rules`; this module applies them in this order:
+
+1. Severity from the share of step time spent waiting for data.
+2. The primary class, exactly one: ``write-stall`` when steps stall while the
+   job's writes saturate a device and that costs more than the data wait;
+   else ``compute-bound`` under the moderate band; else, for an input-bound
+   run, ``storage-bound`` (a device serving the job saturated or slow, the
+   job's reads making up its load, or the job blocked on I/O above a device),
+   ``cpu-bound-input`` (workers or the whole machine out of CPU), or
+   ``loader-starved`` (nothing saturated).
+3. Secondary findings, any number: ``noisy-neighbor``, ``warm-cache``,
+   ``cold-start``, ``epoch-start-stall``, ``no-disk-stats``.
+
+A run with no timed batches gets the class ``no-steps`` with the reason.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from iolens.analysis import rules
+
+PRIMARY_CLASSES = ("compute-bound", "storage-bound", "cpu-bound-input", "loader-starved",
+                   "write-stall")
+FINDING_CLASSES = ("noisy-neighbor", "warm-cache", "cold-start", "epoch-start-stall",
+                   "straggler", "no-disk-stats")
+NO_STEPS = "no-steps"
+
+
+def severity(share: float) -> str:
+    """``none`` under 5%, ``moderate`` 5-20%, ``high`` from 20%."""
+    if share >= rules.HIGH:
+        return "high"
+    if share >= rules.MODERATE:
+        return "moderate"
+    return "none"
+
+
+def clock(seconds: float) -> str:
+    """Elapsed time as ``mm:ss`` or ``h:mm:ss``."""
+    s = max(0, round(seconds))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
+
+
+@dataclass
+class Window:
+    """A stretch of the run, in seconds since its start."""
+
+    start: float
+    end: float
+    label: str
+    """What happened in it (the class or finding it supports)."""
+
+    def text(self) -> str:
+        return f"from {clock(self.start)} to {clock(self.end)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"start_s": round(self.start, 3), "end_s": round(self.end, 3), "label": self.label}
+
+
+@dataclass
+class Recommendation:
+    """One thing to do, why (the evidence it follows from) and what it should gain."""
+
+    action: str
+    because: str
+    gain: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"action": self.action, "because": self.because, "expected_gain": self.gain}
+
+
+@dataclass
+class Finding:
+    """A secondary finding with its evidence."""
+
+    cls: str
+    evidence: list[str]
+    window: Window | None = None
+    recommendations: list[Recommendation] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"class": self.cls, "evidence": self.evidence,
+                "window": self.window.to_dict() if self.window else None,
+                "recommendations": [r.to_dict() for r in self.recommendations]}
+
+
+@dataclass
+class Verdict:
+    """The answer to "why is my training slow, and what do I do?"."""
+
+    cls: str
+    """One of PRIMARY_CLASSES, or ``no-steps``."""
+    severity: str
+    """``none``, ``moderate``, ``high``, or ``unknown`` without timed steps."""
+    data_wait_share: float | None
+    """Share of step time (0-1) the loop waited for its data."""
+    devices: list[str] = field(default_factory=list)
+    """Devices the verdict implicates."""
+    evidence: list[str] = field(default_factory=list)
+    recommendations: list[Recommendation] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    windows: list[Window] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    """Run-level figures the verdict was drawn from (batches, step times ...)."""
+
+    def lines(self) -> list[str]:
+        """The three lines printed at the end of ``iolens run``."""
+        return verdict_lines(self.to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "class": self.cls,
+            "severity": self.severity,
+            "data_wait_share": (round(self.data_wait_share, 4)
+                                if self.data_wait_share is not None else None),
+            "devices": self.devices,
+            "evidence": self.evidence,
+            "recommendations": [r.to_dict() for r in self.recommendations],
+            "windows": [w.to_dict() for w in self.windows],
+            "figures": self.figures,
+        }
+
+
+def verdict_lines(v: dict[str, Any]) -> list[str]:
+    """Class and severity, the main evidence, the first recommendation (a verdict's dict)."""
+    if v.get("class") == NO_STEPS:
+        out = ["verdict: no timed training steps"]
+    else:
+        share = v.get("data_wait_share") or 0.0
+        out = [f"verdict: {v.get('class')} (data wait {share * 100:.1f}% of step time, "
+               f"{v.get('severity')})"]
+    if v.get("evidence"):
+        out.append(f"evidence: {v['evidence'][0]}")
+    if v.get("recommendations"):
+        r = v["recommendations"][0]
+        out.append(f"try: {r.get('action')}; expected: {r.get('expected_gain')}")
+    return out
+
+
+# -- figures over a set of intervals ---------------------------------------------------
+
+
+def _secs(rec: dict[str, Any]) -> float:
+    try:
+        return max(0.0, float(rec.get("interval_s") or 0.0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _end(rec: dict[str, Any]) -> float:
+    try:
+        return float(rec.get("elapsed_s") or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _window(recs: Sequence[dict[str, Any]], label: str) -> Window | None:
+    if not recs:
+        return None
+    return Window(max(0.0, _end(recs[0]) - _secs(recs[0])), _end(recs[-1]), label)
+
+
+def _num(d: Any, key: str) -> float:
+    try:
+        v = d.get(key) if isinstance(d, dict) else None
+        return float(v) if v is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
+@dataclass
+class DeviceLoad:
+    """One device over a set of intervals, time-weighted as iostat would over the whole span."""
+
+    name: str
+    secs: float = 0.0
+    util: float = 0.0
+    r_s: float = 0.0
+    w_s: float = 0.0
+    rkB_s: float = 0.0
+    wkB_s: float = 0.0
+    r_await: float = 0.0
+    w_await: float = 0.0
+    aqu_sz: float = 0.0
+
+    @property
+    def rareq_kib(self) -> float:
+        return self.rkB_s / self.r_s if self.r_s else 0.0
+
+    @property
+    def rMB_s(self) -> float:
+        return self.rkB_s / 1024
+
+    @property
+    def wMB_s(self) -> float:
+        return self.wkB_s / 1024
+
+
+def device_load(recs: Iterable[dict[str, Any]], name: str) -> DeviceLoad:
+    """Averages of one device's figures over ``recs``; awaits weighted by I/O counts."""
+    out = DeviceLoad(name)
+    r_ios = w_ios = r_wait = w_wait = 0.0
+    util = rkb = wkb = aqu = 0.0
+    for rec in recs:
+        d = (rec.get("devices") or {}).get(name)
+        if not isinstance(d, dict):
+            continue
+        s = _secs(rec)
+        out.secs += s
+        util += _num(d, "util") * s
+        rkb += _num(d, "rkB_s") * s
+        wkb += _num(d, "wkB_s") * s
+        aqu += _num(d, "aqu_sz") * s
+        ri, wi = _num(d, "r_s") * s, _num(d, "w_s") * s
+        r_ios += ri
+        w_ios += wi
+        r_wait += _num(d, "r_await") * ri
+        w_wait += _num(d, "w_await") * wi
+    if out.secs > 0:
+        out.util, out.rkB_s, out.wkB_s = util / out.secs, rkb / out.secs, wkb / out.secs
+        out.aqu_sz = aqu / out.secs
+        out.r_s, out.w_s = r_ios / out.secs, w_ios / out.secs
+        out.r_await = r_wait / r_ios if r_ios else 0.0
+        out.w_await = w_wait / w_ios if w_ios else 0.0
+    return out
+
+
+def _job_bytes(recs: Iterable[dict[str, Any]], role: str | None = None) -> tuple[float, float]:
+    """Bytes the job (or one role) read from and wrote to storage over ``recs``."""
+    rd = wr = 0.0
+    for rec in recs:
+        job = rec.get("job") or {}
+        src = (job.get("roles") or {}).get(role) if role else job
+        s = _secs(rec)
+        rd += _num(src, "read_bytes_s") * s
+        wr += _num(src, "write_bytes_s") * s
+    return rd, wr
+
+
+def _device_names(records: Sequence[dict[str, Any]]) -> list[str]:
+    names: dict[str, None] = {}
+    for rec in records:
+        for name in rec.get("devices") or {}:
+            names.setdefault(name, None)
+    return list(names)
+
+
+def _train(rec: dict[str, Any]) -> dict[str, Any]:
+    t = rec.get("train")
+    return t if isinstance(t, dict) else {}
+
+
+def _timed(rec: dict[str, Any]) -> bool:
+    t = _train(rec)
+    return t.get("step_source") == "dataloader" and _num(t, "batches") > 0
+
+
+def _sum(rec: dict[str, Any], part: str) -> float:
+    return _num(_train(rec).get(part) or {}, "sum_s")
+
+
+def _share(recs: Iterable[dict[str, Any]]) -> float | None:
+    wait = step = 0.0
+    for r in recs:
+        wait += _sum(r, "data_wait")
+        step += _sum(r, "step")
+    return wait / step if step > 0 else None
+
+
+def _workers(recs: Sequence[dict[str, Any]]) -> tuple[int, float]:
+    """Most workers seen at once, and their mean CPU per worker (% of a core) over ``recs``."""
+    most = 0
+    per_worker: list[tuple[float, float]] = []
+    for rec in recs:
+        w = ((rec.get("job") or {}).get("roles") or {}).get("worker") or {}
+        n = int(_num(w, "pids"))
+        most = max(most, n)
+        if n:
+            per_worker.append((_num(w, "cpu_pct") / n, _secs(rec)))
+    secs = sum(s for _, s in per_worker)
+    mean = sum(c * s for c, s in per_worker) / secs if secs else 0.0
+    return most, mean
+
+
+def _machine_idle(recs: Sequence[dict[str, Any]]) -> float | None:
+    """Mean idle + iowait percent of all CPUs over ``recs`` (None without CPU figures)."""
+    vals = [(_num(c, "idle") + _num(c, "iowait"), _secs(r))
+            for r in recs if isinstance(c := r.get("cpu"), dict) and c]
+    secs = sum(s for _, s in vals)
+    return sum(v * s for v, s in vals) / secs if secs else None
+
+
+def _d_state_share(recs: Sequence[dict[str, Any]]) -> float:
+    """Share of the job's process samples in uninterruptible sleep (state D)."""
+    d = total = 0
+    for rec in recs:
+        states = (rec.get("job") or {}).get("states") or {}
+        if isinstance(states, dict):
+            for k, v in states.items():
+                n = int(v) if isinstance(v, int) else 0
+                total += n
+                if k == "D":
+                    d += n
+    return d / total if total else 0.0
+
+
+def _ceiling(share: float) -> str:
+    """What removing the data wait entirely would give."""
+    if share >= 0.999:
+        return "the loop does nothing but wait: any faster input speeds it up in proportion"
+    return (f"up to {1 / (1 - share):.2f}x more steps per second if the data wait went to zero "
+            f"(it is {share * 100:.0f}% of the step time)")
+
+
+# -- the verdict -----------------------------------------------------------------------
+
+
+def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = None) -> Verdict:
+    """The verdict over a run's records (in order). ``meta`` adds the CPU count and notes."""
+    meta = meta or {}
+    timed = [r for r in records if _timed(r)]
+    batches = int(sum(_num(_train(r), "batches") for r in timed))
+    figures = _figures(records, timed, meta)
+    findings = _no_disk_stats(records, meta)
+    if batches == 0:
+        return _no_steps(records, meta, figures, findings)
+    share = _share(timed) or 0.0
+    v = Verdict("compute-bound", severity(share), share, figures=figures)
+    stall = _write_stall(timed, share)
+    if stall is not None:
+        v.cls, v.devices, v.evidence, v.recommendations, v.windows = stall
+    elif share < rules.MODERATE:
+        _compute_bound(v, timed)
+    else:
+        _input_bound(v, timed, meta)
+    if batches < rules.MIN_BATCHES:
+        v.evidence.append(f"only {batches} batches were timed: a longer run gives a firmer "
+                          "verdict")
+    v.findings = findings + _findings(records, timed, v)
+    return v
+
+
+def _figures(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]],
+             meta: dict[str, Any]) -> dict[str, Any]:
+    batches = int(sum(_num(_train(r), "batches") for r in timed))
+    step_s = sum(_sum(r, "step") for r in timed)
+    wait_s = sum(_sum(r, "data_wait") for r in timed)
+    p50s = [_num(_train(r).get("step") or {}, "p50_s") for r in timed]
+    waits = [_num(_train(r).get("data_wait") or {}, "p50_s") for r in timed]
+    return {
+        "intervals": len(records),
+        "seconds": round(sum(_secs(r) for r in records), 3),
+        "batches": batches,
+        "epochs": int(sum(_num(_train(r), "epochs_started") for r in records)),
+        "step_time_s": round(step_s / batches, 6) if batches else None,
+        "data_wait_s": round(wait_s / batches, 6) if batches else None,
+        "step_p50_s": round(statistics.median(p50s), 6) if p50s else None,
+        "data_wait_p50_s": round(statistics.median(waits), 6) if waits else None,
+        "steps_per_s": round(batches / step_s, 3) if step_s > 0 else None,
+        "cpus": meta.get("cpus"),
+    }
+
+
+def _no_steps(records: Sequence[dict[str, Any]], meta: dict[str, Any],
+              figures: dict[str, Any], findings: list[Finding]) -> Verdict:
+    why: list[str] = []
+    if meta.get("instrumented") is False:
+        why.append("the run was recorded with --no-instrument, so no batch was timed")
+    for st in meta.get("timing") or []:
+        if isinstance(st, dict) and st.get("error"):
+            why.append(f"timing failed in process {st.get('pid')}: {st['error']}")
+    marks = sum(_num(_train(r).get("step") or {}, "count") for r in records
+                if _train(r).get("step_source") == "marks")
+    if marks:
+        why.append(f"{int(marks)} steps were marked with iolens.step(), but no DataLoader "
+                   "batch was timed, so the data wait is unknown")
+    if not records:
+        why.append("no interval was recorded (the run ended at once, or its records are lost)")
+    if not why:
+        why.append("no torch DataLoader batch was timed: the job is not a Python program, "
+                   "does not use a DataLoader in its main process, or ended before its first "
+                   "batch; wrap other loaders with iolens.instrument(loader) or mark steps "
+                   "with iolens.step()")
+    v = Verdict(NO_STEPS, "unknown", None, evidence=why, figures=figures, findings=findings)
+    v.recommendations.append(Recommendation(
+        "time the loop: run the script under `iolens run`, or call iolens.instrument(loader)",
+        why[0], "a verdict with evidence instead of none"))
+    return v
+
+
+def _compute_bound(v: Verdict, timed: Sequence[dict[str, Any]]) -> None:
+    share = v.data_wait_share or 0.0
+    step = v.figures.get("step_time_s") or 0.0
+    v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data "
+                      f"({(v.figures.get('data_wait_s') or 0) * 1000:.1f} ms of a "
+                      f"{step * 1000:.1f} ms step), below the {rules.MODERATE * 100:.0f}% mark")
+    w = _window(timed, "compute-bound")
+    if w:
+        v.windows.append(w)
+    v.recommendations.append(Recommendation(
+        "look at the model step, not the input: profile it (torch.profiler), use mixed "
+        "precision, a larger batch or a compiled model",
+        "the data arrives in time",
+        f"at most {share * 100:.1f}% from any input-side change"))
+
+
+def _input_windows(timed: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for r in timed:
+        s = _share([r])
+        if s is not None and s >= rules.MODERATE:
+            out.append(r)
+    return out or list(timed)
+
+
+def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any]) -> None:
+    share = v.data_wait_share or 0.0
+    win = _input_windows(timed)
+    window = _window(win, "input-bound")
+    when = f", {window.text()}" if window else ""
+    ceiling = _ceiling(share)
+    job_read, _ = _job_bytes(win)
+    workers, worker_cpu = _workers(win)
+    idle = _machine_idle(win)
+    cpus = int(meta.get("cpus") or 0)
+    # storage: the busiest device the job's reads make up, saturated or slow
+    best: tuple[DeviceLoad, float] | None = None
+    for name in _device_names(win):
+        load = device_load(win, name)
+        dev_bytes = load.rkB_s * 1024 * load.secs
+        own = min(1.0, job_read / dev_bytes) if dev_bytes > 0 else 0.0
+        busy = load.util >= rules.UTIL_SATURATED or (
+            load.r_await >= rules.AWAIT_SLOW_MS and load.aqu_sz >= rules.QUEUE_BUSY)
+        if busy and own >= rules.JOB_SHARE_OWN and (best is None or load.util > best[0].util):
+            best = (load, own)
+    d_share = _d_state_share(win)
+    if best is not None:
+        load, own = best
+        v.cls, v.devices = "storage-bound", [load.name]
+        v.evidence.append(
+            f"{load.name} {load.util:.0f}% util, r_await {load.r_await:.1f} ms, aqu-sz "
+            f"{load.aqu_sz:.1f}, {load.rMB_s:.1f} MB/s in {load.r_s:.0f} reads/s of "
+            f"{load.rareq_kib:.0f} KiB, {own * 100:.0f}% of its reads by this job{when}")
+        v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
+        if load.rareq_kib < rules.SMALL_READ_KIB:
+            v.recommendations.append(Recommendation(
+                "pack the dataset into large files read sequentially (LMDB, HDF5, tar "
+                "shards such as WebDataset) or a numpy memmap",
+                f"{load.name} is saturated by small reads ({load.rareq_kib:.0f} KiB on "
+                f"average, {load.r_s:.0f}/s)", ceiling))
+            v.recommendations.append(Recommendation(
+                "or put the dataset on faster local storage (NVMe) or in RAM (the page "
+                "cache, /dev/shm)", f"{load.name} answers in {load.r_await:.1f} ms", ceiling))
+        else:
+            v.recommendations.append(Recommendation(
+                "put the dataset on faster or local storage (NVMe), or cache it in RAM "
+                "(/dev/shm, the page cache) after the first epoch",
+                f"{load.name} is bandwidth-bound at {load.rMB_s:.1f} MB/s in large reads "
+                f"({load.rareq_kib:.0f} KiB)", ceiling))
+        v.recommendations.append(Recommendation(
+            "more DataLoader workers or a larger prefetch_factor only help while the device "
+            "has idle time; it has little",
+            f"{load.name} is {load.util:.0f}% busy", "little until the device is relieved"))
+    elif d_share >= rules.D_STATE_SHARE and job_read > 0:
+        v.cls = "storage-bound"
+        v.devices = _busiest_read(win)
+        v.evidence.append(
+            f"the job's processes were blocked on I/O (state D) in {d_share * 100:.0f}% of "
+            f"the samples while reading {job_read / max(_span(win), 1e-9) / 2**20:.1f} MB/s, "
+            f"yet no device they read is saturated: the limit is above the device (a cgroup "
+            f"I/O throttle, a network or FUSE filesystem){when}")
+        v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
+        v.recommendations.append(Recommendation(
+            "lift the I/O limit (cgroup io.max / blkio throttle) or copy the dataset to "
+            "local storage or RAM first", "reads wait above the block device", ceiling))
+    elif (workers and worker_cpu >= rules.WORKER_CPU_BUSY) or (
+            idle is not None and idle < rules.MACHINE_IDLE_LOW):
+        v.cls = "cpu-bound-input"
+        free = cpus * (idle or 0.0) / 100 if cpus else 0.0
+        if workers:
+            v.evidence.append(f"{workers} DataLoader workers at {worker_cpu:.0f}% of a core "
+                              f"each{when}")
+        if idle is not None:
+            v.evidence.append(f"the machine's CPUs {100 - idle:.0f}% busy"
+                              + (f" ({free:.1f} of {cpus} cores free)" if cpus else ""))
+        v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data; "
+                          "the storage is not saturated")
+        if free >= 1:
+            more = int(free)
+            v.recommendations.append(Recommendation(
+                f"raise num_workers from {workers} to {workers + more}",
+                f"{free:.1f} cores are idle while each worker is busy", ceiling))
+        v.recommendations.append(Recommendation(
+            "make the per-sample work cheaper: decode at lower resolution, move augmentation "
+            "to the GPU (torchvision.transforms.v2 on tensors, DALI), or pre-process once and "
+            "store the result",
+            f"the workers spend {worker_cpu:.0f}% of a core each on CPU work"
+            if workers else "the CPUs are busy", ceiling))
+    else:
+        v.cls = "loader-starved"
+        if workers:
+            v.evidence.append(f"{workers} DataLoader workers at {worker_cpu:.0f}% of a core "
+                              f"each, the storage not saturated{when}")
+        else:
+            v.evidence.append("no DataLoader worker process: the data is loaded in the "
+                              f"training process itself (num_workers=0){when}")
+        v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
+        target = _more_workers(workers, worker_cpu, cpus, idle)
+        if target > workers:
+            v.recommendations.append(Recommendation(
+                f"raise num_workers from {workers} to {target}",
+                "neither the device nor the workers' CPU is saturated" if workers else
+                "loading in the main process stops the loop for every batch", ceiling))
+        v.recommendations.append(Recommendation(
+            "raise prefetch_factor (batches each worker keeps ready, default 2) and set "
+            "persistent_workers=True", "the workers fall behind in bursts", ceiling))
+        if any(r.get("gpu") for r in timed):
+            v.recommendations.append(Recommendation(
+                "use pin_memory=True in the DataLoader and .to(device, non_blocking=True)",
+                "host-to-GPU copies then overlap the step", "overlapped copies"))
+    if window is not None:
+        window.label = v.cls
+        v.windows.append(window)
+
+
+def _more_workers(workers: int, worker_cpu: float, cpus: int, idle: float | None) -> int:
+    """How many DataLoader workers to try when neither device nor CPU is saturated.
+
+    Without workers: one per core but the training process's, at most 8. With
+    workers: as many more as the idle cores can carry at the CPU each one uses
+    now (workers that mostly wait add little CPU), at most doubling them, so
+    that the next run checks the effect before going further.
+    """
+    if workers == 0:
+        return max(1, min(8, cpus - 1)) if cpus else 2
+    free = cpus * (idle or 0.0) / 100 if cpus else 0.0
+    each = max(worker_cpu / 100, 0.1)
+    return workers + max(1, min(workers, int(free / each)))
+
+
+def _span(recs: Sequence[dict[str, Any]]) -> float:
+    return sum(_secs(r) for r in recs)
+
+
+def _busiest_read(recs: Sequence[dict[str, Any]]) -> list[str]:
+    loads = [device_load(recs, n) for n in _device_names(recs)]
+    loads = [x for x in loads if x.rkB_s > 0]
+    return [max(loads, key=lambda x: x.rkB_s).name] if loads else []
+
+
+def _write_stall(timed: Sequence[dict[str, Any]], share: float
+                 ) -> tuple[str, list[str], list[str], list[Recommendation], list[Window]] | None:
+    """Steps slowed while the job's own writes saturate a device."""
+    p50s = [_num(_train(r).get("step") or {}, "p50_s") for r in timed]
+    if not p50s:
+        return None
+    typical = statistics.median(p50s)
+    step_total = sum(_sum(r, "step") for r in timed)
+    if step_total <= 0:
+        return None
+    best: tuple[float, str, list[dict[str, Any]]] | None = None
+    for name in _device_names(timed):
+        stalled = []
+        for r in timed:
+            d = (r.get("devices") or {}).get(name) or {}
+            _, job_w = _job_bytes([r])
+            dev_w = _num(d, "wkB_s") * 1024 * _secs(r)
+            if (_num(d, "util") >= rules.UTIL_SATURATED and _num(d, "wkB_s") >= _num(d, "rkB_s")
+                    and dev_w > 0 and job_w / dev_w >= rules.JOB_SHARE_OWN):
+                stalled.append(r)
+        excess = sum(max(0.0, _sum(r, "step") - typical * _num(_train(r), "batches"))
+                     for r in stalled)
+        if stalled and (best is None or excess > best[0]):
+            best = (excess, name, stalled)
+    if best is None:
+        return None
+    excess, name, stalled = best
+    stall_share = excess / step_total
+    if stall_share < rules.STALL_SHARE or stall_share <= share:
+        return None
+    load = device_load(stalled, name)
+    _, job_w = _job_bytes(stalled)
+    _, main_w = _job_bytes(stalled, "main")
+    w = _window(stalled, "write-stall")
+    when = f", {w.text()}" if w else ""
+    who = "the training process" if main_w >= 0.5 * job_w else "the job"
+    evidence = [
+        f"{name} {load.util:.0f}% util writing {load.wMB_s:.1f} MB/s (w_await "
+        f"{load.w_await:.1f} ms), the writes by {who}{when}",
+        f"steps in those intervals took {stall_share * 100:.0f}% of the step time more than "
+        f"the typical {typical * 1000:.1f} ms step",
+    ]
+    recs = [
+        Recommendation(
+            "write checkpoints asynchronously (a background thread or torch.distributed."
+            "checkpoint.async_save) or less often",
+            f"the loop stalls while {name} absorbs the job's writes",
+            f"up to {1 / (1 - stall_share):.2f}x more steps per second without the stalls"),
+        Recommendation(
+            "write checkpoints to faster or local storage and copy them off later",
+            f"{name} writes at {load.wMB_s:.1f} MB/s", "shorter stalls"),
+    ]
+    return "write-stall", [name], evidence, recs, [w] if w else []
+
+
+# -- secondary findings ----------------------------------------------------------------
+
+
+def _findings(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]],
+              v: Verdict) -> list[Finding]:
+    out: list[Finding] = []
+    out += _noisy_neighbors(timed)
+    out += _warm_cache(timed, v)
+    out += _cold_start(timed)
+    out += _epoch_start(timed)
+    return out
+
+
+def _noisy_neighbors(timed: Sequence[dict[str, Any]]) -> list[Finding]:
+    out = []
+    names = _device_names(timed)
+    loops = [n for n in names if n.startswith("loop")]
+    span = _span(timed)
+    for name in names:
+        hit = []
+        for r in timed:
+            d = (r.get("devices") or {}).get(name) or {}
+            if _num(d, "util") < rules.NEIGHBOR_UTIL:
+                continue
+            dev_bytes = (_num(d, "rkB_s") + _num(d, "wkB_s")) * 1024 * _secs(r)
+            if dev_bytes <= 0:
+                continue
+            # A loop device's reads reach its backing disk from the kernel's loop
+            # thread, not from the job: that load is the job's, seen one level down.
+            looped = sum((_num((r.get("devices") or {}).get(lp) or {}, "rkB_s")
+                          + _num((r.get("devices") or {}).get(lp) or {}, "wkB_s")) * 1024
+                         * _secs(r) for lp in loops if lp != name)
+            jr, jw = _job_bytes([r])
+            if (jr + jw + looped) / dev_bytes < rules.JOB_SHARE_OWN:
+                hit.append(r)
+        if hit and _span(hit) >= rules.NEIGHBOR_SHARE_OF_TIME * span:
+            load = device_load(hit, name)
+            jr, jw = _job_bytes(hit)
+            dev_bytes = (load.rkB_s + load.wkB_s) * 1024 * load.secs
+            own = (jr + jw) / dev_bytes if dev_bytes else 0.0
+            w = _window(hit, "noisy-neighbor")
+            out.append(Finding("noisy-neighbor", [
+                f"{name} {load.util:.0f}% util, {load.rMB_s:.1f} MB/s read and "
+                f"{load.wMB_s:.1f} MB/s written, only {own * 100:.0f}% of it by this job"
+                + (f", {w.text()}" if w else "")], w, [Recommendation(
+                    "find the other reader (iotop, or `iolens top`) and move it or the "
+                    "dataset to another device",
+                    f"another process makes {100 - own * 100:.0f}% of {name}'s load",
+                    "steadier step times")]))
+    return out
+
+
+def _warm_cache(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
+    role = "worker" if any(((r.get("job") or {}).get("roles") or {}).get("worker")
+                           for r in timed) else "main"
+    rchar = disk = secs = 0.0
+    for r in timed:
+        src = ((r.get("job") or {}).get("roles") or {}).get(role) or {}
+        s = _secs(r)
+        secs += s
+        rchar += _num(src, "rchar_s") * s
+        disk += _num(src, "read_bytes_s") * s
+    if secs <= 0 or rchar / secs < rules.WARM_CACHE_MIN_RCHAR:
+        return []
+    hit = max(0.0, 1 - disk / rchar)
+    if hit < rules.WARM_CACHE_HIT:
+        return []
+    caveat = (" The storage verdict may differ on a cold cache (a first epoch after a "
+              "reboot, a dataset larger than RAM).")
+    return [Finding("warm-cache", [
+        f"{hit * 100:.0f}% of what the {role} processes read came from the page cache "
+        f"({rchar / secs / 2**20:.1f} MB/s read, {disk / secs / 2**20:.1f} MB/s from disk)."
+        + (caveat if v.cls != "storage-bound" else "")], _window(timed, "warm-cache"))]
+
+
+def _cold_start(timed: Sequence[dict[str, Any]]) -> list[Finding]:
+    span = _span(timed)
+    if len(timed) < 5 or span <= 0:
+        return []
+    first: list[dict[str, Any]] = []
+    acc = 0.0
+    for r in timed:
+        if acc >= rules.COLD_START_SHARE_OF_TIME * span:
+            break
+        first.append(r)
+        acc += _secs(r)
+    rest = list(timed[len(first):])
+    a, b = _share(first), _share(rest)
+    if a is None or b is None or a < rules.HIGH or a < rules.COLD_START_RATIO * b:
+        return []
+    w = _window(first, "cold-start")
+    return [Finding("cold-start", [
+        f"the loop waited {a * 100:.0f}% of its step time for data in its first "
+        f"{_span(first):.0f} s" + (f" ({w.text()})" if w else "")
+        + f", then {b * 100:.0f}%: the cache filled or the workers warmed up"], w, [
+        Recommendation("judge throughput after the start-up, or warm the cache first "
+                       "(read the dataset once, vmtouch)",
+                       "the start-up waits far more than the rest",
+                       "a steady measurement")])]
+
+
+def _epoch_start(timed: Sequence[dict[str, Any]]) -> list[Finding]:
+    starts = [_train(r).get("epoch_start_wait") for r in timed]
+    starts_n = sum(_num(s, "count") for s in starts if isinstance(s, dict))
+    starts_sum = sum(_num(s, "sum_s") for s in starts if isinstance(s, dict))
+    waits = [_num(_train(r).get("data_wait") or {}, "p50_s") for r in timed]
+    step_total = sum(_sum(r, "step") for r in timed)
+    if not starts_n or not waits or step_total <= 0:
+        return []
+    mean_start = starts_sum / starts_n
+    median_wait = statistics.median(waits)
+    if (mean_start < rules.EPOCH_START_RATIO * max(median_wait, 1e-6)
+            or starts_sum / step_total < rules.EPOCH_START_SHARE):
+        return []
+    return [Finding("epoch-start-stall", [
+        f"the first batch of each epoch waited {mean_start * 1000:.0f} ms on average over "
+        f"{int(starts_n)} epochs, against a median wait of {median_wait * 1000:.1f} ms; "
+        f"{starts_sum / step_total * 100:.1f}% of the step time in all"], None, [
+        Recommendation("set persistent_workers=True (workers and their state survive the "
+                       "epoch) and keep prefetch_factor at 2 or more",
+                       "workers start anew each epoch",
+                       f"up to {starts_sum / step_total * 100:.1f}% of the step time")])]
+
+
+def _no_disk_stats(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[Finding]:
+    if any(r.get("devices") for r in records):
+        return []
+    notes = [n for n in meta.get("notes") or [] if isinstance(n, str)]
+    why = next((n for n in notes if "statistic" in n), None)
+    if records and meta.get("disk_source") is not None and not why:
+        why = "no watched device had figures (none serves the job's files?)"
+    return [Finding("no-disk-stats", [
+        why or "no device statistics were recorded: storage cannot be judged"])]

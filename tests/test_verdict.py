@@ -1,0 +1,317 @@
+"""The verdict rules on constructed records, with the borderline case of each threshold."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from iolens import IolensError
+from iolens.analysis import rules
+from iolens.analysis.rundata import load_run
+from iolens.analysis.verdict import Verdict, clock, diagnose, severity
+
+
+def dev(util: float = 0.0, r_s: float = 0.0, rkb: float = 0.0, r_await: float = 0.0,
+        w_s: float = 0.0, wkb: float = 0.0, w_await: float = 0.0, aqu: float = 0.0
+        ) -> dict[str, float]:
+    return {"r_s": r_s, "rkB_s": rkb, "r_await": r_await, "rareq_sz": rkb / r_s if r_s else 0,
+            "w_s": w_s, "wkB_s": wkb, "w_await": w_await, "aqu_sz": aqu, "util": util}
+
+
+def rec(i: int, *, batches: int = 10, wait: float = 0.05, step: float = 0.1,
+        devices: dict[str, dict[str, float]] | None = None, workers: int = 2,
+        worker_cpu: float = 30.0, job_read: float = 0.0, job_write: float = 0.0,
+        main_write: float = 0.0, worker_rchar: float = 0.0, idle: float = 50.0,
+        states: dict[str, int] | None = None, epoch_start: float | None = None,
+        epochs: int = 0, secs: float = 1.0) -> dict[str, Any]:
+    """Interval ``i`` (1 s long by default): ``wait`` and ``step`` are per batch, in seconds."""
+    roles: dict[str, Any] = {"main": {"pids": 1, "cpu_pct": 90.0, "read_bytes_s": 0.0,
+                                      "write_bytes_s": main_write, "rchar_s": 0.0}}
+    if workers:
+        roles["worker"] = {"pids": workers, "cpu_pct": worker_cpu * workers,
+                           "read_bytes_s": job_read, "write_bytes_s": 0.0,
+                           "rchar_s": worker_rchar}
+    train: dict[str, Any] = {
+        "batches": batches, "epochs_started": epochs,
+        "data_wait": {"count": batches, "sum_s": wait * batches, "p50_s": wait, "max_s": wait},
+        "step": {"count": batches, "sum_s": step * batches, "p50_s": step, "max_s": step},
+        "step_source": "dataloader" if batches else None,
+    }
+    if epoch_start is not None:
+        train["epoch_start_wait"] = {"count": 1, "sum_s": epoch_start, "p50_s": epoch_start}
+    return {
+        "schema": 1, "seq": i, "elapsed_s": (i + 1) * secs, "interval_s": secs,
+        "devices": devices if devices is not None else {"vda": dev()},
+        "job": {"pids": 1 + workers, "read_bytes_s": job_read,
+                "write_bytes_s": job_write or main_write, "roles": roles,
+                "states": states or {"S": 1 + workers}},
+        "cpu": {"user": 100 - idle, "system": 0.0, "iowait": 0.0, "idle": idle, "steal": 0.0},
+        "train": train,
+    }
+
+
+def run_of(n: int = 30, **kw: Any) -> list[dict[str, Any]]:
+    return [rec(i, **kw) for i in range(n)]
+
+
+META = {"cpus": 8}
+
+
+# -- severity ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("share", "band"), [
+    (0.0, "none"), (0.0499, "none"), (0.05, "moderate"), (0.1999, "moderate"),
+    (0.20, "high"), (1.0, "high")])
+def test_severity_bands(share: float, band: str) -> None:
+    assert severity(share) == band
+
+
+@pytest.mark.parametrize(("wait", "cls"), [(0.0049, "compute-bound"), (0.005, "loader-starved")])
+def test_compute_bound_ends_at_the_moderate_band(wait: float, cls: str) -> None:
+    v = diagnose(run_of(wait=wait, step=0.1), META)
+    assert v.cls == cls
+    assert v.data_wait_share == pytest.approx(wait / 0.1)
+
+
+def test_compute_bound_says_the_input_keeps_up() -> None:
+    v = diagnose(run_of(wait=0.002, step=0.1), META)
+    assert (v.cls, v.severity) == ("compute-bound", "none")
+    assert "2.0% of its step time" in v.evidence[0]
+    assert "profile" in v.recommendations[0].action
+    assert v.windows[0].start == 0.0 and v.windows[0].end == 30.0
+
+
+# -- storage-bound -----------------------------------------------------------------------
+
+SLOW_LOOP = {"loop0": dev(util=97, r_s=112, rkb=112 * 64, r_await=31, aqu=3.4), "vda": dev()}
+
+
+def test_storage_bound_names_the_device_with_its_evidence() -> None:
+    records = run_of(wait=0.09, step=0.1, devices=SLOW_LOOP, job_read=112 * 64 * 1024 * 0.99)
+    v = diagnose(records, META)
+    assert (v.cls, v.severity, v.devices) == ("storage-bound", "high", ["loop0"])
+    assert v.evidence[0] == ("loop0 97% util, r_await 31.0 ms, aqu-sz 3.4, 7.0 MB/s in 112 "
+                             "reads/s of 64 KiB, 99% of its reads by this job, from 00:00 "
+                             "to 00:30")
+    first = v.recommendations[0]
+    assert "pack the dataset" in first.action and "64 KiB" in first.because
+    assert first.gain.startswith("up to 10.00x more steps per second")
+    assert v.lines() == [
+        "verdict: storage-bound (data wait 90.0% of step time, high)",
+        f"evidence: {v.evidence[0]}",
+        f"try: {first.action}; expected: {first.gain}"]
+
+
+def test_large_reads_point_to_faster_storage_not_packing() -> None:
+    big = {"sda": dev(util=99, r_s=40, rkb=40 * 512, r_await=25, aqu=2)}
+    v = diagnose(run_of(wait=0.05, step=0.1, devices=big, job_read=40 * 512 * 1024), META)
+    assert v.cls == "storage-bound"
+    assert "faster or local storage" in v.recommendations[0].action
+
+
+@pytest.mark.parametrize(("util", "cls"), [(rules.UTIL_SATURATED - 0.1, "loader-starved"),
+                                           (rules.UTIL_SATURATED, "storage-bound")])
+def test_util_threshold(util: float, cls: str) -> None:
+    d = {"vdb": dev(util=util, r_s=100, rkb=6400, r_await=2)}
+    assert diagnose(run_of(wait=0.05, devices=d, job_read=6400 * 1024), META).cls == cls
+
+
+@pytest.mark.parametrize(("own", "cls"), [(rules.JOB_SHARE_OWN - 0.01, "loader-starved"),
+                                          (rules.JOB_SHARE_OWN, "storage-bound")])
+def test_the_job_must_make_up_the_load(own: float, cls: str) -> None:
+    d = {"vdb": dev(util=95, r_s=100, rkb=6400, r_await=20, aqu=2)}
+    assert diagnose(run_of(wait=0.05, devices=d, job_read=6400 * 1024 * own), META).cls == cls
+
+
+def test_slow_await_with_a_queue_counts_as_slow_even_below_full_util() -> None:
+    d = {"nvme0n1": dev(util=60, r_s=3000, rkb=3000 * 16, r_await=12, aqu=36)}
+    v = diagnose(run_of(wait=0.05, devices=d, job_read=3000 * 16 * 1024), META)
+    assert v.cls == "storage-bound" and v.devices == ["nvme0n1"]
+
+
+def test_io_wait_above_the_device_is_storage_bound() -> None:
+    d = {"loop0": dev(util=8, r_s=20, rkb=1280, r_await=0.4)}
+    v = diagnose(run_of(wait=0.08, devices=d, job_read=1280 * 1024, states={"D": 2, "S": 1}),
+                 META)
+    assert v.cls == "storage-bound" and v.devices == ["loop0"]
+    assert "limit is above the device" in v.evidence[0]
+
+
+# -- CPU and loader --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("cpu", "cls"), [(rules.WORKER_CPU_BUSY - 0.1, "loader-starved"),
+                                          (rules.WORKER_CPU_BUSY, "cpu-bound-input")])
+def test_worker_cpu_threshold(cpu: float, cls: str) -> None:
+    assert diagnose(run_of(wait=0.05, worker_cpu=cpu), META).cls == cls
+
+
+def test_cpu_bound_input_suggests_the_free_cores() -> None:
+    v = diagnose(run_of(wait=0.06, workers=2, worker_cpu=98, idle=50), META)
+    assert v.cls == "cpu-bound-input"
+    assert v.evidence[0] == "2 DataLoader workers at 98% of a core each, from 00:00 to 00:30"
+    assert v.recommendations[0].action == "raise num_workers from 2 to 6"  # 4 of 8 cores idle
+
+
+def test_a_machine_without_idle_cpu_is_cpu_bound() -> None:
+    v = diagnose(run_of(wait=0.06, worker_cpu=40, idle=rules.MACHINE_IDLE_LOW - 1), META)
+    assert v.cls == "cpu-bound-input"
+    assert "cheaper" in v.recommendations[0].action  # no free core to add workers on
+
+
+def test_loader_starved_with_idle_resources() -> None:
+    v = diagnose(run_of(wait=0.03, workers=2, worker_cpu=20), META)
+    assert (v.cls, v.severity) == ("loader-starved", "high")
+    # 4 of 8 cores idle and each worker uses 0.2 of one: room for many, doubled at most.
+    assert v.recommendations[0].action == "raise num_workers from 2 to 4"
+    assert "prefetch_factor" in v.recommendations[1].action
+
+
+def test_no_workers_means_loading_in_the_main_process() -> None:
+    v = diagnose(run_of(wait=0.03, workers=0), META)
+    assert v.cls == "loader-starved"
+    assert "num_workers=0" in v.evidence[0]
+    assert v.recommendations[0].action == "raise num_workers from 0 to 7"
+
+
+# -- write stalls ------------------------------------------------------------------------
+
+
+def test_checkpoint_writes_that_stall_steps() -> None:
+    records = run_of(20, wait=0.002, step=0.1)
+    flood = {"vdb": dev(util=98, w_s=200, wkb=200 * 1024, w_await=80, aqu=9)}
+    for i in (5, 6, 15, 16):  # two checkpoints, each stalling two intervals
+        records[i] = rec(i, wait=0.002, step=0.1, batches=2, devices=flood,
+                         main_write=200 * 1024 * 1024)
+        records[i]["train"]["step"]["sum_s"] = 1.0  # 2 batches in 1 s instead of 0.2 s
+    v = diagnose(records, META)
+    assert (v.cls, v.devices) == ("write-stall", ["vdb"])
+    assert "writes by the training process" in v.evidence[0]
+    assert "asynchronously" in v.recommendations[0].action
+    assert v.windows[0].start == 5.0 and v.windows[0].end == 17.0
+
+
+def test_writes_by_someone_else_are_not_a_write_stall() -> None:
+    flood = {"vdb": dev(util=98, w_s=200, wkb=200 * 1024, w_await=80)}
+    records = run_of(10, wait=0.002, devices=flood, main_write=0.0)
+    assert diagnose(records, META).cls == "compute-bound"
+
+
+# -- findings ----------------------------------------------------------------------------
+
+
+def test_noisy_neighbor_on_a_shared_device() -> None:
+    d = {"vdb": dev(util=70, r_s=500, rkb=50_000)}
+    v = diagnose(run_of(wait=0.002, devices=d, job_read=1_000_000), META)
+    assert v.cls == "compute-bound"
+    (f,) = [f for f in v.findings if f.cls == "noisy-neighbor"]
+    assert "only 2% of it by this job" in f.evidence[0]
+
+
+def test_a_loop_devices_backing_disk_is_not_a_neighbor() -> None:
+    d = {"loop0": dev(util=95, r_s=100, rkb=6400, r_await=30, aqu=3),
+         "vda": dev(util=96, r_s=100, rkb=6400, r_await=29, aqu=3)}
+    v = diagnose(run_of(wait=0.09, devices=d, job_read=6400 * 1024), META)
+    assert v.cls == "storage-bound"
+    assert not [f for f in v.findings if f.cls == "noisy-neighbor"]
+
+
+def test_warm_cache_threshold() -> None:
+    mb = 1 << 20
+    warm = diagnose(run_of(wait=0.002, worker_rchar=20 * mb, job_read=1.5 * mb), META)
+    cool = diagnose(run_of(wait=0.002, worker_rchar=20 * mb, job_read=2.1 * mb), META)
+    assert [f.cls for f in warm.findings] == ["warm-cache"]
+    assert "92% of what the worker processes read came from the page cache" in \
+        warm.findings[0].evidence[0]
+    assert not cool.findings
+
+
+def test_cold_start() -> None:
+    records = [rec(i, wait=0.08 if i < 6 else 0.01) for i in range(30)]
+    (f,) = [f for f in diagnose(records, META).findings if f.cls == "cold-start"]
+    assert f.window is not None and (f.window.start, f.window.end) == (0.0, 6.0)
+    steady = diagnose([rec(i, wait=0.03) for i in range(30)], META)
+    assert not [f for f in steady.findings if f.cls == "cold-start"]
+
+
+def test_epoch_start_stall() -> None:
+    records = [rec(i, wait=0.01, epoch_start=0.8 if i % 5 == 0 else None) for i in range(30)]
+    (f,) = [f for f in diagnose(records, META).findings if f.cls == "epoch-start-stall"]
+    assert "800 ms on average over 6 epochs" in f.evidence[0]
+    assert "persistent_workers=True" in f.recommendations[0].action
+
+
+def test_no_disk_stats() -> None:
+    records = run_of(wait=0.002, devices={})
+    meta = {"notes": ["/proc/diskstats: unreadable: no device statistics on this system"],
+            "disk_source": None}
+    (f,) = diagnose(records, meta).findings
+    assert f.cls == "no-disk-stats" and "no device statistics" in f.evidence[0]
+
+
+# -- runs without steps ------------------------------------------------------------------
+
+
+def test_empty_run_has_a_verdict_of_its_own() -> None:
+    v = diagnose([], {})
+    assert (v.cls, v.severity, v.data_wait_share) == ("no-steps", "unknown", None)
+    assert "no interval was recorded" in v.evidence[0]
+    assert v.lines()[0] == "verdict: no timed training steps"
+
+
+def test_no_steps_says_why() -> None:
+    records = run_of(5, batches=0)
+    assert "--no-instrument" in diagnose(records, {"instrumented": False}).evidence[0]
+    failed = {"timing": [{"pid": 7, "error": "cannot write timing records: No space"}]}
+    assert "timing failed in process 7" in diagnose(records, failed).evidence[0]
+    assert "no torch DataLoader batch" in diagnose(records, {}).evidence[0]
+
+
+def test_few_batches_are_flagged() -> None:
+    v = diagnose(run_of(2, batches=3, wait=0.002), META)
+    assert "only 6 batches were timed" in v.evidence[-1]
+
+
+def test_verdict_serializes_to_json() -> None:
+    v = diagnose(run_of(wait=0.09, devices=SLOW_LOOP, job_read=112 * 64 * 1024), META)
+    d = json.loads(json.dumps(v.to_dict()))
+    assert d["class"] == "storage-bound" and d["severity"] == "high"
+    assert 0 <= d["data_wait_share"] <= 1 and d["devices"] == ["loop0"]
+    assert d["recommendations"][0]["expected_gain"]
+    assert isinstance(v, Verdict)
+
+
+def test_clock() -> None:
+    assert [clock(s) for s in (0, 59.6, 61, 3725)] == ["00:00", "01:00", "01:01", "1:02:05"]
+
+
+# -- reading run directories -------------------------------------------------------------
+
+
+def test_load_run_reads_as_far_as_valid(tmp_path: Path) -> None:
+    lines = [json.dumps(rec(i)) for i in range(4)]
+    lines.insert(2, "{not json")
+    lines.insert(3, "[1, 2]")
+    newer = rec(9)
+    newer["schema"] = 99
+    lines.append(json.dumps(newer))
+    (tmp_path / "records.jsonl").write_text("\n".join(lines) + "\n" + '{"schema": 1, "se')
+    (tmp_path / "meta.json").write_text("{broken")
+    run = load_run(str(tmp_path))
+    assert len(run.records) == 5 and run.meta == {}
+    text = " | ".join(run.notes)
+    assert "meta.json could not be read" in text
+    assert "3 line(s) of records.jsonl were not valid records" in text
+    assert "(the first at line 3)" in text
+    assert "1 record(s) come from a newer iolens" in text
+
+
+def test_load_run_errors(tmp_path: Path) -> None:
+    with pytest.raises(IolensError, match="no such run directory"):
+        load_run(str(tmp_path / "nope"))
+    with pytest.raises(IolensError, match="not a run directory"):
+        load_run(str(tmp_path))
