@@ -157,10 +157,13 @@ def test_cpu_bound_input_suggests_the_free_cores() -> None:
     assert v.recommendations[0].action == "raise num_workers from 2 to 6"  # 4 of 8 cores idle
 
 
-def test_a_machine_without_idle_cpu_is_cpu_bound() -> None:
-    v = diagnose(run_of(wait=0.06, worker_cpu=40, idle=rules.MACHINE_IDLE_LOW - 1), META)
-    assert v.cls == "cpu-bound-input"
-    assert "cheaper" in v.recommendations[0].action  # no free core to add workers on
+@pytest.mark.parametrize(("cpu", "cls"), [(rules.WORKER_CPU_SOME - 1, "loader-starved"),
+                                          (rules.WORKER_CPU_SOME, "cpu-bound-input")])
+def test_a_machine_without_idle_cpu(cpu: float, cls: str) -> None:
+    v = diagnose(run_of(wait=0.06, worker_cpu=cpu, idle=rules.MACHINE_IDLE_LOW - 1), META)
+    assert v.cls == cls
+    if cls == "cpu-bound-input":
+        assert "cheaper" in v.recommendations[0].action  # no free core to add workers on
 
 
 def test_loader_starved_with_idle_resources() -> None:

@@ -47,6 +47,10 @@ augmentation: more workers or cheaper transforms help, faster disks do not."""
 MACHINE_IDLE_LOW = 10.0
 """Under 10% idle (iowait counted as idle: it is free CPU) the machine has no
 core left for more workers."""
+WORKER_CPU_SOME = 50.0
+"""On a machine with no idle core, workers using half a core or more are held
+back by the CPU they share; workers using less mostly wait on something else,
+and a busy machine is not what starves them."""
 
 # -- writes ----------------------------------------------------------------------------
 STALL_SHARE = 0.05

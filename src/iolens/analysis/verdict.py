@@ -483,8 +483,9 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         v.recommendations.append(Recommendation(
             "lift the I/O limit (cgroup io.max / blkio throttle) or copy the dataset to "
             "local storage or RAM first", "reads wait above the block device", ceiling))
-    elif (workers and worker_cpu >= rules.WORKER_CPU_BUSY) or (
-            idle is not None and idle < rules.MACHINE_IDLE_LOW):
+    elif workers and (worker_cpu >= rules.WORKER_CPU_BUSY or (
+            worker_cpu >= rules.WORKER_CPU_SOME and idle is not None
+            and idle < rules.MACHINE_IDLE_LOW)):
         v.cls = "cpu-bound-input"
         free = cpus * (idle or 0.0) / 100 if cpus else 0.0
         if workers:

@@ -12,12 +12,16 @@ from collections.abc import Callable, Sequence
 
 from iolens import __version__
 from iolens.cli import iostat as iostat_cmd
+from iolens.cli import report as report_cmd
 from iolens.cli import run as run_cmd
+from iolens.cli import top as top_cmd
 
 _COMMANDS: dict[str, tuple[Callable[[], argparse.ArgumentParser],
                            Callable[[argparse.Namespace], int]]] = {
     "iostat": (iostat_cmd.build_parser, iostat_cmd.run),
     "run": (run_cmd.build_parser, run_cmd.run),
+    "report": (report_cmd.build_parser, report_cmd.run),
+    "top": (top_cmd.build_parser, top_cmd.run),
 }
 
 _DESCRIPTION = """\
@@ -25,6 +29,8 @@ Find out why a training job waits for its data.
 
 commands:
   run       run a training command and record what holds it back
+  report    the verdict on a recorded run, its evidence and what to do (text, json)
+  top       live view of the disks, a process tree (or the machine), CPU and GPUs
   iostat    extended device statistics, digit for digit as `iostat -x -d`
 
 Run `iolens COMMAND --help` for a command's options and examples.

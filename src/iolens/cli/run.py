@@ -16,6 +16,12 @@ The job runs unchanged: same stdin, stdout, terminal and exit code (128+N
 when signal N ended it). Python jobs get their DataLoader timed with no code
 change (a sitecustomize bootstrap on PYTHONPATH; --no-instrument turns it off).
 
+Live view: while the job runs, a full-screen view of the watched devices,
+the job's processes, CPU, GPUs and data wait is drawn on stderr when it is a
+terminal and the job's own output goes elsewhere (`iolens run -- python
+train.py > train.log`), so that nothing the job prints is drawn over.
+--live draws it even over the job's output; --no-live never draws it.
+
 Recorded into the run directory:
   meta.json       command, host, devices watched and why, versions, start/end, summary
   records.jsonl   one JSON object per interval: watched devices (iostat -x figures),
@@ -50,8 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also watch block device D, e.g. nvme0n1 (repeatable)")
     p.add_argument("--no-instrument", dest="instrument", action="store_false",
                    help="do not time the DataLoader inside the job")
-    p.add_argument("--no-live", action="store_true",
-                   help="print nothing but the final lines (the default for now)")
+    live = p.add_mutually_exclusive_group()
+    live.add_argument("--live", dest="live", action="store_const", const=True, default=None,
+                      help="draw the full-screen live view on stderr's terminal even when the "
+                           "job prints to it too (its lines are drawn over while the view is "
+                           "up)")
+    live.add_argument("--no-live", dest="live", action="store_const", const=False,
+                      help="no live view: print nothing but the final lines")
     p.add_argument("--quiet", action="store_true", help="print nothing at all")
     p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
     p.add_argument("--sys-root", default="/sys", help=argparse.SUPPRESS)
@@ -84,10 +95,13 @@ def run(ns: argparse.Namespace) -> int:
         if not path:
             p.error("--path needs a path")
     if ns.device:
+        sampler = DiskSampler(ns.proc_root, ns.sys_root)
         try:
-            known = DiskSampler(ns.proc_root, ns.sys_root).snapshot().devices
+            known = sampler.snapshot().devices
         except Exception:  # noqa: BLE001 - no disk statistics: --device cannot be checked
             known = {}
+        finally:
+            sampler.close()
         for d in ns.device:
             if known and d not in known:
                 p.error(f"unknown device {d!r}; devices reported by the kernel: "
@@ -97,4 +111,4 @@ def run(ns: argparse.Namespace) -> int:
         p.error(f"--out {out} already holds a run; choose another folder")
     return run_job(RunOptions(command=command, out=out, interval=ns.interval, paths=ns.path,
                               devices=ns.device, proc_root=ns.proc_root, sys_root=ns.sys_root,
-                              instrument=ns.instrument, quiet=ns.quiet))
+                              instrument=ns.instrument, quiet=ns.quiet, live=ns.live))

@@ -25,6 +25,8 @@ from typing import Any
 
 import iolens
 from iolens.analysis.verdict import diagnose, verdict_lines
+from iolens.live.history import Header
+from iolens.live.view import LiveView, is_terminal
 from iolens.recorder.rundir import RECORDS, RunDir, rfc3339
 from iolens.recorder.sampler import Recorder
 from iolens.recorder.summary import summarize, summary_lines
@@ -46,6 +48,9 @@ class RunOptions:
     sys_root: str = "/sys"
     instrument: bool = True
     quiet: bool = False
+    live: bool | None = None
+    """The live view: True draws it, False never, None when stderr is a terminal that
+    the job's stdout does not share (NOTE [live view] in iolens/live/view.py)."""
 
 
 def initial_watch(paths: list[str], devices: list[str], proc_root: str = "/proc",
@@ -119,6 +124,7 @@ def run(opts: RunOptions) -> int:
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, *_FORWARDED)}
     recorder: Recorder | None = None
+    view: LiveView | None = None
     rc: int | None = None
     try:
         try:
@@ -139,21 +145,53 @@ def run(opts: RunOptions) -> int:
                 except subprocess.TimeoutExpired:
                     return False
 
-            recorder.loop(wait)
+            if _want_live(opts):
+                view = _live_view(opts, recorder, run_dir, child.pid)
+            recorder.loop(wait, on_record=view.update if view is not None else None)
+            if view is not None:
+                view.stop()  # before anything else is printed
             recorder.sample()  # the last, partial interval
         except Exception as exc:  # noqa: BLE001 - NOTE [never hurt the job] in sampler.py
+            if view is not None:
+                view.stop()
             _say(opts, f"recording stopped: {exc!r}; the job runs on")
             if recorder is not None:
                 recorder.notes.append(f"recording stopped: {exc!r}")
         rc = child.wait()
     finally:
+        if view is not None:
+            view.stop()
         for s, h in previous.items():
             signal.signal(s, h)
         if rc is None:  # interrupted before the job ended: do not orphan it silently
             rc = child.wait()
+    if view is not None and view.error is not None:
+        _say(opts, view.error)
     code = exit_code(rc)
     _finish(opts, run_dir, recorder, code=code, rc=rc, stopped_by=stopped_by)
     return code
+
+
+def _want_live(opts: RunOptions) -> bool:
+    if opts.quiet or opts.live is False or not is_terminal(sys.stderr):
+        return False
+    if opts.live:
+        return True
+    try:  # auto: only when the job's stdout is not that same terminal
+        out, err = os.fstat(1), os.fstat(2)
+    except OSError:
+        return False
+    return not (os.isatty(1) and out.st_rdev == err.st_rdev)
+
+
+def _live_view(opts: RunOptions, recorder: Recorder, run_dir: RunDir, pid: int) -> LiveView:
+    """Start the full-screen view of the run on stderr (NOTEs in iolens/live/view.py)."""
+    view = LiveView(recorder.watch, Header(
+        title="iolens run", command=shlex.join(opts.command), pid=pid, run_dir=run_dir.path,
+        gpu_reason=None if recorder.gpu.available else recorder.gpu.reason,
+        notes=recorder.notes, footer="Ctrl-C stops the job; the verdict follows"))
+    view.start()  # never raises; on failure the run goes on without a view
+    return view
 
 
 def _child_shares_terminal() -> bool:

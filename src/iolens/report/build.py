@@ -1,0 +1,222 @@
+"""The report object: everything ``iolens report`` shows, as one JSON-ready dict.
+
+Its layout is stable (``REPORT_SCHEMA``) and documented in the README:
+
+- ``run``: path, command, host, start, end, duration, exit code, interval
+- ``notes``: what was skipped while reading the run, and the recorder's notes
+- ``verdict``: class, severity, data_wait_share (0-1), devices, evidence,
+  recommendations, windows, figures
+- ``findings``: secondary findings, each with ``class`` and ``evidence``
+- ``training``: batches, epochs, steps per second, step and data-wait distributions
+- ``devices``: per watched device, why it was watched and its load
+- ``processes``: per role (main, worker, other) CPU, I/O and cache hits
+- ``gpus``: per GPU utilization and memory
+- ``cpu``: the machine's mean CPU shares
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from iolens.analysis.rundata import RunData
+from iolens.analysis.verdict import device_load, diagnose
+from iolens.training import records as trecords
+from iolens.training.timing import TimingReader, TrainingAggregator
+
+REPORT_SCHEMA = 1
+# Above this many bytes of per-batch timing files, distributions come from the
+# per-interval figures instead (a week of batches would not fit in memory).
+_MAX_TIMING_BYTES = 128 << 20
+
+
+def build_report(run: RunData) -> dict[str, Any]:
+    """The full report of one run."""
+    recs = run.records
+    meta = run.meta
+    verdict = diagnose(recs, meta)
+    vd = verdict.to_dict()
+    return {
+        "report_schema": REPORT_SCHEMA,
+        "run": _run_info(run),
+        "notes": [*run.notes, *[n for n in meta.get("notes") or [] if isinstance(n, str)]],
+        "verdict": vd,
+        "findings": [f.to_dict() for f in verdict.findings],
+        "training": _training(run),
+        "devices": _devices(recs, meta),
+        "processes": _processes(recs),
+        "gpus": _gpus(recs, meta),
+        "cpu": _cpu(recs),
+    }
+
+
+def _run_info(run: RunData) -> dict[str, Any]:
+    m = run.meta
+    keys = ("command", "host", "cwd", "start", "end", "duration_s", "exit_code", "interval_s",
+            "iolens_version", "mode", "cpus", "kernel")
+    info: dict[str, Any] = {"path": os.path.abspath(run.path)}
+    info.update({k: m.get(k) for k in keys})
+    info["intervals"] = len(run.records)
+    if info["duration_s"] is None and run.records:
+        info["duration_s"] = run.records[-1].get("elapsed_s")
+    return info
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _r(v: float | None, nd: int = 3) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+def _weighted_pct(pairs: list[tuple[float, float]], q: float) -> float | None:
+    """The q-quantile of values weighted by counts (value, weight)."""
+    pairs = sorted(p for p in pairs if p[1] > 0)
+    total = sum(w for _, w in pairs)
+    if not total:
+        return None
+    acc = 0.0
+    for v, w in pairs:
+        acc += w
+        if acc >= q * total:
+            return v
+    return pairs[-1][0]
+
+
+def _training(run: RunData) -> dict[str, Any]:
+    recs = run.records
+    timed = [r for r in recs if (r.get("train") or {}).get("step_source") == "dataloader"]
+    out: dict[str, Any] = {
+        "batches": sum(int((r.get("train") or {}).get("batches") or 0) for r in recs),
+        "epochs": sum(int((r.get("train") or {}).get("epochs_started") or 0) for r in recs),
+    }
+    exact = _exact_distributions(run)
+    if exact is not None:
+        out["distribution_source"] = "every batch"
+        out["data_wait"], out["step"] = exact
+    else:
+        out["distribution_source"] = "per-interval figures (p50 and p95 approximate)"
+        for part in ("data_wait", "step"):
+            ds = [(r.get("train") or {}).get(part) or {} for r in timed]
+            count = sum(int(d.get("count") or 0) for d in ds)
+            total = sum(float(d.get("sum_s") or 0) for d in ds)
+            out[part] = {
+                "count": count, "sum_s": _r(total, 6),
+                "mean_s": _r(total / count, 6) if count else None,
+                "p50_s": _r(_weighted_pct([(float(d.get("p50_s") or 0), d.get("count") or 0)
+                                           for d in ds], 0.5), 6),
+                "p95_s": _r(_weighted_pct([(float(d.get("p95_s") or 0), d.get("count") or 0)
+                                           for d in ds], 0.95), 6),
+                "max_s": _r(max((float(d.get("max_s") or 0) for d in ds), default=0.0), 6),
+            }
+    step_sum = out["step"].get("sum_s") or 0
+    out["steps_per_s"] = _r(out["step"]["count"] / step_sum) if step_sum else None
+    return out
+
+
+def _exact_distributions(run: RunData) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Data-wait and step distributions over every batch, from the timing files."""
+    tdir = os.path.join(run.path, "timing")
+    try:
+        names = [n for n in os.listdir(tdir) if n.endswith(".bin")]
+        size = sum(os.path.getsize(os.path.join(tdir, n)) for n in names)
+    except OSError:
+        return None
+    if not names or size > _MAX_TIMING_BYTES or size < trecords.RECORD_BYTES:
+        return None
+    agg = TrainingAggregator()
+    TimingReader(tdir).poll(agg)
+    if not agg.waits:
+        return None
+    got = agg.take()
+
+    def shaped(d: dict[str, Any]) -> dict[str, Any]:
+        n = d["count"]
+        return {"count": n, "sum_s": _r(d["sum_s"], 6),
+                "mean_s": _r(d["sum_s"] / n, 6) if n else None,
+                "p50_s": _r(d["p50_s"], 6), "p95_s": _r(d["p95_s"], 6),
+                "max_s": _r(d["max_s"], 6)}
+
+    return shaped(got["data_wait"]), shaped(got["step"])
+
+
+def _devices(recs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    why = meta.get("devices") if isinstance(meta.get("devices"), dict) else {}
+    names: dict[str, None] = {}
+    for r in recs:
+        for n in r.get("devices") or {}:
+            names.setdefault(n, None)
+    out: dict[str, Any] = {}
+    for name in names:
+        load = device_load(recs, name)
+        utils = [float(d.get("util") or 0) for r in recs
+                 if isinstance(d := (r.get("devices") or {}).get(name), dict)]
+        out[name] = {
+            "why": why.get(name) if isinstance(why, dict) else None,
+            "seconds": _r(load.secs),
+            "util_pct": _r(load.util, 2), "util_max_pct": _r(max(utils, default=0.0), 2),
+            "busy_share": _r(sum(u >= 80 for u in utils) / len(utils)) if utils else None,
+            "r_s": _r(load.r_s, 2), "w_s": _r(load.w_s, 2),
+            "read_MBps": _r(load.rMB_s), "write_MBps": _r(load.wMB_s),
+            "r_await_ms": _r(load.r_await, 2), "w_await_ms": _r(load.w_await, 2),
+            "aqu_sz": _r(load.aqu_sz, 2), "rareq_kib": _r(load.rareq_kib, 1),
+        }
+    return out
+
+
+def _processes(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    acc: dict[str, dict[str, float]] = {}
+    for r in recs:
+        secs = float(r.get("interval_s") or 0)
+        for role, d in ((r.get("job") or {}).get("roles") or {}).items():
+            if not isinstance(d, dict):
+                continue
+            a = acc.setdefault(role, {"secs": 0.0, "pids": 0.0, "cpu": 0.0, "rd": 0.0,
+                                      "wr": 0.0, "rchar": 0.0})
+            a["secs"] += secs
+            a["pids"] = max(a["pids"], float(d.get("pids") or 0))
+            a["cpu"] += float(d.get("cpu_pct") or 0) * secs
+            a["rd"] += float(d.get("read_bytes_s") or 0) * secs
+            a["wr"] += float(d.get("write_bytes_s") or 0) * secs
+            a["rchar"] += float(d.get("rchar_s") or 0) * secs
+    out: dict[str, Any] = {}
+    for role, a in acc.items():
+        s = a["secs"] or 1.0
+        out[role] = {
+            "pids_max": int(a["pids"]), "seconds": _r(a["secs"]),
+            "cpu_pct": _r(a["cpu"] / s, 2),
+            "read_MBps": _r(a["rd"] / s / 2**20), "write_MBps": _r(a["wr"] / s / 2**20),
+            "read_bytes": int(a["rd"]), "write_bytes": int(a["wr"]),
+            "cache_hit": _r(max(0.0, 1 - a["rd"] / a["rchar"]), 4) if a["rchar"] else None,
+        }
+    return out
+
+
+def _gpus(recs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    info = meta.get("gpu") if isinstance(meta.get("gpu"), dict) else {}
+    names = info.get("names") or [] if isinstance(info, dict) else []
+    per: dict[int, dict[str, list[float]]] = {}
+    for r in recs:
+        for g in r.get("gpu") or []:
+            if not isinstance(g, dict) or "util_pct" not in g:
+                continue
+            p = per.setdefault(int(g.get("index", 0)), {"util": [], "mem": [], "total": []})
+            p["util"].append(float(g["util_pct"]))
+            p["mem"].append(float(g.get("mem_used_bytes") or 0))
+            p["total"].append(float(g.get("mem_total_bytes") or 0))
+    gpus = [{
+        "index": i, "name": names[i] if i < len(names) else None,
+        "util_pct": _r(_mean(p["util"]), 2), "util_max_pct": _r(max(p["util"]), 2),
+        "mem_used_max_bytes": int(max(p["mem"])), "mem_total_bytes": int(max(p["total"])),
+    } for i, p in sorted(per.items())]
+    return {"available": bool(info.get("available")) if isinstance(info, dict) else False,
+            "reason": info.get("reason") if isinstance(info, dict) else None, "gpus": gpus}
+
+
+def _cpu(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("user", "system", "iowait", "idle", "steal")
+    rows = [r.get("cpu") for r in recs if isinstance(r.get("cpu"), dict) and r.get("cpu")]
+    return {k: _r(_mean([float(c.get(k) or 0) for c in rows if isinstance(c, dict)]), 2)
+            for k in keys}

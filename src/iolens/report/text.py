@@ -1,0 +1,161 @@
+"""``iolens report --format text``: the report for a terminal, drawn with rich.
+
+Every string that comes from the run (commands, paths, device names,
+evidence) goes in as a ``Text``, never as markup, so a name with brackets
+prints as it is.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+_SEVERITY_STYLE = {"high": "bold red", "moderate": "bold yellow", "none": "bold green",
+                   "unknown": "bold"}
+
+
+def _ms(v: Any) -> str:
+    return f"{float(v) * 1000:.1f}" if isinstance(v, (int, float)) else "-"
+
+
+def _f(v: Any, fmt: str = ".1f") -> str:
+    return format(float(v), fmt) if isinstance(v, (int, float)) else "-"
+
+
+def _verdict(report: dict[str, Any]) -> RenderableType:
+    v = report["verdict"]
+    sev = str(v.get("severity"))
+    head = Text()
+    head.append(str(v.get("class")), style=_SEVERITY_STYLE.get(sev, "bold"))
+    if v.get("data_wait_share") is not None:
+        head.append(f"  data wait {v['data_wait_share'] * 100:.1f}% of step time ")
+        head.append(f"({sev})", style=_SEVERITY_STYLE.get(sev, ""))
+    if v.get("devices"):
+        head.append("  device: " + ", ".join(map(str, v["devices"])))
+    parts: list[RenderableType] = [head, Text("")]
+    parts.append(Text("Evidence", style="bold"))
+    parts += [Text(f"  - {e}") for e in v.get("evidence") or []]
+    if v.get("recommendations"):
+        parts += [Text(""), Text("What to do", style="bold")]
+        for i, rec in enumerate(v["recommendations"], 1):
+            parts.append(Text(f"  {i}. {rec.get('action')}"))
+            parts.append(Text(f"     because {rec.get('because')}; expected: "
+                              f"{rec.get('expected_gain')}", style="dim"))
+    return Panel(Group(*parts), title="verdict", title_align="left")
+
+
+def _findings(report: dict[str, Any]) -> RenderableType | None:
+    fs = report.get("findings") or []
+    if not fs:
+        return None
+    t = Table(title="findings", title_justify="left", show_lines=False, expand=False)
+    t.add_column("finding")
+    t.add_column("evidence")
+    t.add_column("what to do")
+    for f in fs:
+        recs = f.get("recommendations") or []
+        t.add_row(Text(str(f.get("class"))), Text("\n".join(map(str, f.get("evidence") or []))),
+                  Text(str(recs[0].get("action")) if recs else ""))
+    return t
+
+
+def _training(report: dict[str, Any]) -> RenderableType:
+    tr = report["training"]
+    t = Table(title=f"training: {tr.get('batches')} batches, {tr.get('epochs')} epochs, "
+                    f"{_f(tr.get('steps_per_s'), '.2f')} steps/s",
+              title_justify="left")
+    for col in ("ms per batch", "mean", "p50", "p95", "max"):
+        t.add_column(col, justify="right" if col != "ms per batch" else "left")
+    for label, key in (("data wait", "data_wait"), ("step", "step")):
+        d = tr.get(key) or {}
+        t.add_row(label, _ms(d.get("mean_s")), _ms(d.get("p50_s")), _ms(d.get("p95_s")),
+                  _ms(d.get("max_s")))
+    t.caption = Text(f"distributions from {tr.get('distribution_source')}")
+    return t
+
+
+def _devices(report: dict[str, Any]) -> RenderableType | None:
+    devs = report.get("devices") or {}
+    if not devs:
+        return None
+    t = Table(title="devices (means over the run)", title_justify="left")
+    for col in ("device", "%util", "max", "rMB/s", "wMB/s", "r/s", "r_await", "w_await",
+                "aqu-sz", "rareq KiB", "why watched"):
+        t.add_column(col, justify="left" if col in ("device", "why watched") else "right")
+    for name, d in devs.items():
+        t.add_row(Text(name), _f(d.get("util_pct")), _f(d.get("util_max_pct"), ".0f"),
+                  _f(d.get("read_MBps"), ".2f"), _f(d.get("write_MBps"), ".2f"),
+                  _f(d.get("r_s")), _f(d.get("r_await_ms"), ".2f"),
+                  _f(d.get("w_await_ms"), ".2f"), _f(d.get("aqu_sz"), ".2f"),
+                  _f(d.get("rareq_kib")), Text(str(d.get("why") or "")))
+    return t
+
+
+def _processes(report: dict[str, Any]) -> RenderableType | None:
+    procs = report.get("processes") or {}
+    if not procs:
+        return None
+    t = Table(title="the job's processes", title_justify="left")
+    for col in ("role", "processes", "CPU %", "read MB/s", "write MB/s", "cache hit"):
+        t.add_column(col, justify="left" if col == "role" else "right")
+    for role, d in procs.items():
+        hit = d.get("cache_hit")
+        t.add_row(Text(role), str(d.get("pids_max")), _f(d.get("cpu_pct")),
+                  _f(d.get("read_MBps"), ".2f"), _f(d.get("write_MBps"), ".2f"),
+                  f"{hit * 100:.0f}%" if isinstance(hit, (int, float)) else "-")
+    return t
+
+
+def _gpus(report: dict[str, Any]) -> RenderableType:
+    g = report.get("gpus") or {}
+    if not g.get("gpus"):
+        return Text(f"GPU: none recorded ({g.get('reason') or 'no GPU'})", style="dim")
+    t = Table(title="GPUs", title_justify="left")
+    for col in ("GPU", "name", "util %", "max", "memory used (max)"):
+        t.add_column(col, justify="left" if col in ("GPU", "name") else "right")
+    for x in g["gpus"]:
+        t.add_row(str(x.get("index")), Text(str(x.get("name") or "")), _f(x.get("util_pct")),
+                  _f(x.get("util_max_pct"), ".0f"),
+                  f"{x.get('mem_used_max_bytes', 0) / 2**30:.2f} / "
+                  f"{x.get('mem_total_bytes', 0) / 2**30:.0f} GiB")
+    return t
+
+
+def render(report: dict[str, Any]) -> RenderableType:
+    """The whole text report as one renderable."""
+    run = report["run"]
+    cmd = run.get("command")
+    title = Text()
+    title.append("iolens report ", style="bold")
+    title.append(str(run.get("path")))
+    lines: list[RenderableType] = [title]
+    if isinstance(cmd, list):
+        lines.append(Text("command: " + shlex.join(map(str, cmd))))
+    lines.append(Text(
+        f"host {run.get('host') or '-'}, started {run.get('start') or '-'}, "
+        f"{_f(run.get('duration_s'))} s, {run.get('intervals')} intervals of "
+        f"{_f(run.get('interval_s'), 'g')} s"
+        + (f", exit code {run['exit_code']}" if run.get("exit_code") is not None else "")))
+    parts: list[RenderableType] = [Group(*lines), _verdict(report)]
+    for part in (_findings(report), _training(report), _devices(report),
+                 _processes(report), _gpus(report)):
+        if part is not None:
+            parts.append(part)
+    cpu = report.get("cpu") or {}
+    if any(v is not None for v in cpu.values()):
+        parts.append(Text("machine CPU: " + ", ".join(
+            f"{k} {_f(v)}%" for k, v in cpu.items() if v is not None)))
+    if report.get("notes"):
+        parts.append(Text("notes", style="bold"))
+        parts += [Text(f"  - {n}") for n in report["notes"]]
+    return Group(*parts)
+
+
+def print_report(report: dict[str, Any], console: Console) -> None:
+    """Print the report to ``console`` (a file or the terminal)."""
+    console.print(render(report))

@@ -1,0 +1,139 @@
+"""`iolens report`: the JSON object's contract, the text report, damaged runs, a real run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_verdict import SLOW_LOOP, rec
+
+
+def iolens(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "iolens", *args], capture_output=True,
+                          text=True, timeout=300, check=False, cwd=cwd)
+
+
+def write_run(folder: Path, records: list[dict[str, Any]], meta: dict[str, Any] | None = None,
+              tail: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in records) + tail
+    (folder / "records.jsonl").write_text(text)
+    if meta is not None:
+        (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+META = {"command": ["python", "train.py"], "host": "box", "cpus": 8, "interval_s": 1.0,
+        "exit_code": 0, "devices": {"loop0": "the job reads /mnt/data/x",
+                                    "vda": "serves the current directory"},
+        "gpu": {"available": False, "reason": "nvidia-ml-py is not installed", "names": []}}
+
+
+def slow_run(tmp_path: Path) -> Path:
+    records = [rec(i, wait=0.09, devices=SLOW_LOOP, job_read=112 * 64 * 1024) for i in range(40)]
+    return write_run(tmp_path / "run", records, META)
+
+
+def test_json_report_has_the_documented_fields(tmp_path: Path) -> None:
+    out = iolens("report", str(slow_run(tmp_path)), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    v = r["verdict"]
+    assert (v["class"], v["severity"], v["devices"]) == ("storage-bound", "high", ["loop0"])
+    assert v["data_wait_share"] == pytest.approx(0.9)
+    assert v["evidence"] and v["recommendations"][0]["expected_gain"]
+    assert isinstance(r["findings"], list)
+    assert all({"class", "evidence"} <= set(f) for f in r["findings"])
+    assert r["devices"]["loop0"]["util_pct"] == 97.0
+    assert r["devices"]["loop0"]["why"] == "the job reads /mnt/data/x"
+    assert r["devices"]["loop0"]["busy_share"] == 1.0
+    assert r["processes"]["worker"]["pids_max"] == 2
+    assert r["training"]["batches"] == 400
+    assert r["training"]["distribution_source"].startswith("per-interval")
+    assert r["training"]["data_wait"]["mean_s"] == pytest.approx(0.09)
+    assert r["gpus"] == {"available": False, "reason": "nvidia-ml-py is not installed",
+                         "gpus": []}
+    assert r["run"]["command"] == ["python", "train.py"] and r["run"]["intervals"] == 40
+
+
+def test_text_report_shows_the_verdict_and_escapes_run_strings(tmp_path: Path) -> None:
+    records = [rec(i, wait=0.09, devices={"[red]x[/red]": SLOW_LOOP["loop0"]},
+                   job_read=112 * 64 * 1024) for i in range(30)]
+    meta = {**META, "command": ["python", "[bold]train.py"]}
+    run = write_run(tmp_path / "run", records, meta)
+    out = iolens("report", str(run))
+    assert out.returncode == 0, out.stderr
+    assert "storage-bound" in out.stdout and "What to do" in out.stdout
+    assert "[red]x[/red]" in out.stdout and "[bold]train.py" in out.stdout
+    assert "\x1b[" not in out.stdout  # no colour codes into a pipe
+
+
+def test_report_to_a_file(tmp_path: Path) -> None:
+    run = slow_run(tmp_path)
+    target = tmp_path / "r.json"
+    out = iolens("report", str(run), "--format", "json", "-o", str(target))
+    assert out.returncode == 0 and out.stdout == ""
+    assert json.loads(target.read_text())["verdict"]["class"] == "storage-bound"
+    bad = iolens("report", str(run), "-o", str(tmp_path / "no" / "such" / "dir" / "r.txt"))
+    assert bad.returncode == 1 and "cannot write" in bad.stderr
+
+
+def test_damaged_run_is_read_as_far_as_valid(tmp_path: Path) -> None:
+    records = [rec(i, wait=0.002) for i in range(10)]
+    run = write_run(tmp_path / "run", records, None, tail="garbage\n{\"seq\": 11, \"tor")
+    out = iolens("report", str(run), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["verdict"]["class"] == "compute-bound"
+    notes = " ".join(r["notes"])
+    assert "meta.json is missing" in notes and "2 line(s)" in notes
+
+
+def test_bad_input_exits_2(tmp_path: Path) -> None:
+    assert iolens("report", str(tmp_path / "nope")).returncode == 2
+    empty = iolens("report", str(tmp_path))
+    assert empty.returncode == 2 and "not a run directory" in empty.stderr
+    assert iolens("report", str(tmp_path), "--format", "yaml").returncode == 2
+
+
+def test_empty_run_gets_its_own_verdict(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [], {**META, "instrumented": False})
+    r = json.loads(iolens("report", str(run), "--format", "json").stdout)
+    assert r["verdict"]["class"] == "no-steps" and "--no-instrument" in r["verdict"]["evidence"][0]
+
+
+def test_report_of_a_real_run(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import time, torch
+        from torch.utils.data import DataLoader, Dataset
+        class Slow(Dataset):
+            def __len__(self): return 48
+            def __getitem__(self, i):
+                time.sleep(0.01)  # waits, using no CPU: more workers would help
+                return torch.zeros(4)
+        for epoch in range(2):
+            for x in DataLoader(Slow(), batch_size=8, num_workers=1):
+                pass
+    """))
+    out = iolens("run", "--interval", "0.2", "--out", "run", "--no-live", "--", sys.executable,
+                 str(script), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "iolens: verdict: loader-starved" in out.stderr
+    assert "iolens: full report: iolens report run\n" in out.stderr
+    r = json.loads(iolens("report", str(tmp_path / "run"), "--format", "json").stdout)
+    assert r["verdict"]["class"] == "loader-starved" and r["verdict"]["severity"] == "high"
+    assert r["training"]["distribution_source"] == "every batch"
+    assert r["training"]["data_wait"]["count"] == 12
+    assert r["training"]["step"]["p50_s"] >= r["training"]["data_wait"]["p50_s"]
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["summary"]["verdict"]["class"] == "loader-starved"
+    assert os.path.isdir(tmp_path / "run" / "timing")
