@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from iolens.sources.procfs import (
     CpuTimes,
@@ -74,3 +76,40 @@ def test_descendants_of_a_real_process_tree() -> None:
     finally:
         parent.kill()
         parent.wait()
+
+
+REAPED = """
+import os, sys, time
+time.sleep(0.6)
+pid = os.fork()
+if pid == 0:
+    with open(sys.argv[1], "wb") as fh:
+        fh.write(os.urandom(8 << 20))
+        fh.flush()
+        os.fsync(fh.fileno())
+    end = time.process_time() + 0.5
+    while time.process_time() < end:  # CPU after the write, some of it after the last look
+        pass
+    os._exit(0)
+os.waitpid(pid, 0)  # the kernel adds the child's I/O and CPU to this process
+time.sleep(0.8)
+"""
+
+
+def test_a_reaped_childs_io_is_counted_once(tmp_path: Path) -> None:
+    from iolens.recorder.sampler import Recorder
+
+    proc = subprocess.Popen([sys.executable, "-c", REAPED, str(tmp_path / "out.bin")])
+    rec = Recorder(None, proc.pid, 0.1, {}, discover=False)
+    written = cpu_s = 0.0
+    while True:
+        done = proc.poll() is not None
+        time.sleep(0.1)
+        r = rec.sample()
+        written += r["job"]["write_bytes_s"] * r["interval_s"]
+        cpu_s += r["job"]["cpu_pct"] / 100 * r["interval_s"]
+        if done:
+            break
+    rec.close()
+    assert 7.9 * 2**20 <= written <= 8.6 * 2**20  # once, not twice
+    assert cpu_s >= 0.45  # the child's CPU, including what it used after the last look

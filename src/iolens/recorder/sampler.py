@@ -49,6 +49,8 @@ class _ProcState:
     io: ProcIO
     cpu_ticks: int
     role: str
+    ppid: int = 0
+    children_ticks: int = 0
 
 
 @dataclass
@@ -74,6 +76,38 @@ class RoleTotals:
         if not self.io_readable:
             out["io_readable"] = False
         return out
+
+
+def _reaped_children(before: dict[int, _ProcState],
+                     now: dict[int, Any]) -> dict[int, _ProcState]:
+    """Per living parent, the last-seen totals of its children that have since vanished.
+
+    NOTE [reaped children]: when a process reaps a child, the kernel adds the
+    child's CPU to the parent's cutime/cstime and the child's I/O to the
+    parent's own /proc/<pid>/io. Without a correction, a DataLoader worker's
+    reads would count twice (as a worker while it lived, then again in the
+    main process that reaped it at the end of the epoch). The part a child
+    did between our last look and its exit stays in the parent's I/O (it
+    cannot be told apart there); its CPU is known exactly from cutime. A
+    child reaped by someone else (its parent gone, or SIGCHLD ignored) leaves
+    nothing in the parent, which the clamp to zero absorbs.
+    """
+    out: dict[int, _ProcState] = {}
+    for pid, st in before.items():
+        if pid in now or st.ppid not in now:
+            continue
+        acc = out.get(st.ppid)
+        if acc is None:
+            out[st.ppid] = _ProcState(st.io, st.cpu_ticks, st.role)
+        else:
+            acc.io = acc.io + st.io
+            acc.cpu_ticks += st.cpu_ticks
+    return out
+
+
+def _clamp(io: ProcIO) -> ProcIO:
+    return ProcIO(max(0, io.rchar), max(0, io.wchar), max(0, io.read_bytes),
+                  max(0, io.write_bytes), max(0, io.cancelled_write_bytes))
 
 
 def cache_hit(io: ProcIO) -> float | None:
@@ -169,6 +203,7 @@ class Recorder:
         totals = {"main": RoleTotals(), "worker": RoleTotals(), "other": RoleTotals()}
         states: dict[str, int] = {}
         seen: dict[int, _ProcState] = {}
+        reaped = _reaped_children(self._procs, samples)
         for pid, smp in samples.items():
             if pid in self.exclude_pids:
                 continue
@@ -190,9 +225,19 @@ class Recorder:
                 t.io = t.io + io
                 t.cpu_ticks += ticks
             else:
-                t.io = t.io + (io - prev.io)
+                delta = io - prev.io
+                gone = reaped.get(pid)
+                if gone is not None:
+                    # NOTE [reaped children]: what the children counted before they
+                    # vanished is in their own role already; the CPU they used after
+                    # our last look goes to the role they had.
+                    delta = _clamp(delta - gone.io)
+                    late = st.children_ticks - prev.children_ticks - gone.cpu_ticks
+                    if late > 0:
+                        totals[gone.role].cpu_ticks += late
+                t.io = t.io + delta
                 t.cpu_ticks += ticks - prev.cpu_ticks
-            seen[pid] = _ProcState(io, ticks, role)
+            seen[pid] = _ProcState(io, ticks, role, st.ppid, st.children_ticks)
             states[st.state] = states.get(st.state, 0) + 1
         self._procs = seen
         job = RoleTotals()

@@ -30,6 +30,8 @@ class ProcStat:
     """User CPU time in clock ticks (CLK_TCK per second)."""
     stime_ticks: int
     """System CPU time in clock ticks."""
+    children_ticks: int = 0
+    """cutime + cstime: CPU of the children this process has reaped (waited for)."""
 
 
 def parse_proc_stat(text: str) -> ProcStat | None:
@@ -51,6 +53,7 @@ def parse_proc_stat(text: str) -> ProcStat | None:
             ppid=int(fields[1]),
             utime_ticks=int(fields[11]),
             stime_ticks=int(fields[12]),
+            children_ticks=int(fields[13]) + int(fields[14]),
         )
     except (IndexError, ValueError):
         return None
