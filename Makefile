@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint typecheck unit bench clean
+.PHONY: setup demo demo-slow test lint typecheck unit bench clean
 
 $(BIN)/iolens: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -15,6 +15,10 @@ setup: $(BIN)/iolens
 
 demo: setup
 	bash scripts/demo.sh
+
+# The same training with its dataset on a throttled loop device (root, loop devices, cgroup v1 blkio).
+demo-slow: setup
+	bash scripts/demo.sh --slow-disk
 
 lint: setup
 	$(BIN)/ruff check --output-format concise src tests bench

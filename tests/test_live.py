@@ -151,7 +151,8 @@ def test_every_panel_shows_its_figures() -> None:
     assert "iolens run" in first and "pid 4242" in first and "python train.py" in first
     assert "every 1 s" in first and "up 01:02:06" in first
     assert time.strftime("%H:%M:%S", time.localtime(1_800_000_001)) in first  # record's time
-    assert text.splitlines()[1] == "recording to iolens-runs/demo"
+    assert text.splitlines()[1].startswith("verdict now: storage-bound (data wait 50%, high)")
+    assert text.splitlines()[2] == "recording to iolens-runs/demo"
     # Devices: nvme0n1 at 100 MiB/s read, 2 MiB/s written, its %util history and why.
     nvme = next(line for line in text.splitlines() if line.startswith("nvme0n1"))
     assert nvme.split()[1:9] == ["100.0", "2.0", "812", "3.0", "12.50", "0.75", "10.15",
@@ -256,6 +257,16 @@ def test_long_device_names_are_cut_and_lines_fit() -> None:
         row = next(line for line in text.splitlines() if line.startswith("nvme0n1-"))
         assert "…" in row and long_name not in row
         assert "12.50" in row  # the figures survive the cut
+
+
+def test_the_verdict_waits_for_enough_batches() -> None:
+    few = record()
+    few["train"]["batches"] = 5
+    text = text_of(render([few], WATCH, HEADER), 120)
+    assert "verdict: waiting for 20 timed batches in the last 1 intervals (5 so far)" in text
+    idle = record()
+    idle["train"] = {"batches": 0}
+    assert "verdict" not in text_of(render([idle], WATCH, HEADER), 120)
 
 
 def test_many_devices_on_a_small_screen_keep_the_busiest() -> None:

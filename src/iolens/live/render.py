@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -22,6 +23,8 @@ from rich.segment import SegmentLines
 from rich.table import Table
 from rich.text import Text
 
+from iolens.analysis import rules
+from iolens.analysis.verdict import diagnose
 from iolens.live.history import Header, History, Record
 from iolens.recorder.summary import severity
 
@@ -158,12 +161,36 @@ def header_text(history: History, header: Header, *, plain: bool = False,
         elapsed = _num(latest.get("elapsed_s"))
         if elapsed is not None:
             t.append(f"{sep}up {_clock(elapsed)}")
+    if history.batches:
+        t.append("\n")
+        t.append_text(verdict_text(history, width=width))
     if header.run_dir:
         t.append(f"\nrecording to {header.run_dir}", style="dim")
     for note in header.notes[-3:]:
         t.append("\n")
         t.append(f"note: {_shorten(note, max(40, width - 6))}", style="yellow")
     return t
+
+
+def verdict_text(history: History, *, width: int = 120) -> Text:
+    """The current verdict over the recent window, once it holds enough timed batches."""
+    recent = list(history.records)
+    batches = sum(_int(_mapping(r.get("train")).get("batches")) for r in recent)
+    if batches < rules.MIN_BATCHES:
+        return Text(f"verdict: waiting for {rules.MIN_BATCHES} timed batches in the last "
+                    f"{len(recent)} intervals ({batches} so far)", style="dim")
+    v = diagnose([dict(r) for r in recent], {"cpus": os.cpu_count()})
+    t = Text("verdict now: ", style="bold")
+    t.append(v.cls, style=_SEVERITY_STYLE.get(v.severity, "bold"))
+    if v.data_wait_share is not None:
+        t.append(f" (data wait {v.data_wait_share * 100:.0f}%, {v.severity})")
+    room = width - len(t.plain) - 3
+    if v.evidence and room >= 12:  # the evidence only where it fits on the line
+        t.append(f" - {_shorten(v.evidence[0], room)}")
+    return t
+
+
+_SEVERITY_STYLE = {"high": "bold red", "moderate": "bold yellow", "none": "bold green"}
 
 
 def devices_table(history: History, watch: Mapping[str, str], *, width: int = 120,

@@ -254,29 +254,39 @@ class Recorder:
         return rec
 
     def _discover_devices(self, pids: list[int]) -> None:
+        # NOTE [fd reuse]: the link is read before and after the stat, and the fd
+        # is skipped this time round unless both reads agree. A stat and a single
+        # read race with the job closing fd N and opening another file under the
+        # same number (torch's /dev/shm buffers do this all the time), which once
+        # cached the dataset's device as "no device" for the rest of a run. The
+        # stat goes through the fd, so it sees the job's file even in another
+        # mount namespace.
         for pid in pids:
             fd_dir = os.path.join(self.proc_root, str(pid), "fd")
             for fd in _listdir(fd_dir):
-                path = os.path.join(fd_dir, fd)
+                link = os.path.join(fd_dir, fd)
                 try:
-                    st = os.stat(path)
+                    target = os.readlink(link)
+                    if not target.startswith("/") or target.startswith(("/dev/", "/proc/",
+                                                                         "/sys/")):
+                        continue
+                    st_dev = os.stat(link).st_dev
+                    if os.readlink(link) != target:
+                        continue
                 except OSError:
                     continue
-                if st.st_dev in self._dev_cache:
+                if st_dev in self._dev_cache:
                     continue
                 name: str | None = None
                 try:
-                    target = os.readlink(path)
-                    if target.startswith("/") and not target.startswith(("/dev/", "/proc/",
-                                                                         "/sys/")):
-                        mapping = device_for_path(target, self.proc_root, self.sys_root)
-                        for disk in mapping.disks:
-                            if disk not in self.watch:
-                                self.watch[disk] = f"the job reads or writes {target}"
-                            name = disk
+                    mapping = device_for_path(target, self.proc_root, self.sys_root)
+                    for disk in mapping.disks:
+                        if disk not in self.watch:
+                            self.watch[disk] = f"the job reads or writes {target}"
+                        name = disk
                 except (OSError, ValueError):
                     pass
-                self._dev_cache[st.st_dev] = name
+                self._dev_cache[st_dev] = name
 
     def _cpu(self) -> dict[str, float]:
         cur = self.system.cpu()
