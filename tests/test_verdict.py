@@ -195,7 +195,7 @@ def test_checkpoint_writes_that_stall_steps() -> None:
     assert (v.cls, v.devices) == ("write-stall", ["vdb"])
     assert "writes by the training process" in v.evidence[0]
     assert "asynchronously" in v.recommendations[0].action
-    assert v.windows[0].start == 5.0 and v.windows[0].end == 17.0
+    assert v.windows[0].start == 5.0 and v.windows[0].end == 18.0  # with the step after
 
 
 def test_writes_by_someone_else_are_not_a_write_stall() -> None:

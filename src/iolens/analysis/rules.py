@@ -56,6 +56,11 @@ and a busy machine is not what starves them."""
 STALL_SHARE = 0.05
 """Steps that take longer while the job's writes saturate a device, by more than
 5% of the step time in all, make a write stall (checkpoints, logs)."""
+WRITE_LOOKBACK_S = 30.0
+"""The job's write() calls dirty the page cache; the device writes the data at
+fsync() or when writeback comes for it, which the kernel starts for data older
+than 30 s (vm.dirty_expire_centisecs). The job's writes are looked for that far
+before an episode of write saturation."""
 
 # -- secondary findings ----------------------------------------------------------------
 NEIGHBOR_UTIL = 50.0

@@ -241,13 +241,18 @@ class SlowDisk:
     """A throttled loop device with ext4 mounted on it; a context manager (see the module)."""
 
     def __init__(self, size: int = 256 << 20, *, read_bps: int | None = None,
-                 read_iops: int | None = None, direct_io: bool = True,
-                 tmp_dir: str | None = None, blkio_root: str | None = None) -> None:
+                 read_iops: int | None = None, write_bps: int | None = None,
+                 direct_io: bool = True, tmp_dir: str | None = None,
+                 blkio_root: str | None = None) -> None:
         """``size`` bytes of disk; reads limited to ``read_bps`` bytes/s and/or
-        ``read_iops`` requests/s on the backing disk for the processes that join."""
-        if read_bps is None and read_iops is None:
-            raise ValueError("give read_bps or read_iops (or both)")
-        for what, value in (("read_bps", read_bps), ("read_iops", read_iops)):
+        ``read_iops`` requests/s, writes to ``write_bps`` bytes/s, on the backing
+        disk for the processes that join. The loop driver charges its I/O on the
+        backing file to the cgroup of the process whose request it serves, which
+        is why a limit on the backing disk saturates the loop device itself."""
+        if read_bps is None and read_iops is None and write_bps is None:
+            raise ValueError("give read_bps, read_iops or write_bps")
+        for what, value in (("read_bps", read_bps), ("read_iops", read_iops),
+                            ("write_bps", write_bps)):
             if value is not None and value <= 0:
                 raise ValueError(f"{what} must be positive, not {value}")
         if size < 16 << 20:
@@ -255,6 +260,7 @@ class SlowDisk:
         self.size = size
         self.read_bps = read_bps
         self.read_iops = read_iops
+        self.write_bps = write_bps
         self.want_direct_io = direct_io
         self.tmp_dir = tmp_dir or tempfile.gettempdir()
         self._blkio_root = blkio_root
@@ -351,6 +357,9 @@ class SlowDisk:
             if self.read_iops is not None:
                 _write(os.path.join(self.cgroup, "blkio.throttle.read_iops_device"),
                        f"{devnum} {self.read_iops}")
+            if self.write_bps is not None:
+                _write(os.path.join(self.cgroup, "blkio.throttle.write_bps_device"),
+                       f"{devnum} {self.write_bps}")
 
     def _attach(self, *, direct_io: bool) -> str:
         args = ["losetup", "--find", "--show"] + (["--direct-io=on"] if direct_io else [])
@@ -405,6 +414,8 @@ class SlowDisk:
             limits.append(f"{self.read_bps / (1 << 20):g} MiB/s")
         if self.read_iops is not None:
             limits.append(f"{self.read_iops} reads/s")
+        if self.write_bps is not None:
+            limits.append(f"writes to {self.write_bps / (1 << 20):g} MiB/s")
         disks = ", ".join(f"{d} ({n})" for d, n in self.backing_disks.items())
         io = "direct I/O" if self.direct_io else "buffered I/O"
         return (f"{self.loop_device} ({self.size >> 20} MiB ext4 on {self.backing_file}, "

@@ -1,0 +1,176 @@
+"""The lab: real training runs on this machine, each with the verdict it must get.
+
+Each case runs a small real PyTorch training end to end under `iolens run`,
+then `iolens report --format json`, and checks the class (and the findings
+that go with it). The storage-bound case, on a throttled loop device, is in
+tests/test_slowdisk.py. Scripts keep torch on one thread so that the two
+cores of this machine leave room for the recorder and the workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import need
+
+pytest.importorskip("torch")
+
+COMMON = """
+import os, sys, time, torch
+from torch.utils.data import DataLoader, Dataset
+torch.set_num_threads(1)
+torch.manual_seed(0)
+"""
+
+CPU_BOUND_INPUT = COMMON + """
+class Augment(Dataset):
+    # samples in memory (no disk), each decoded and augmented at a high CPU cost
+    def __len__(self):
+        return 10_000
+    def __getitem__(self, i):
+        x = torch.full((3, 64, 64), float(i % 7))
+        end = time.process_time() + 0.02
+        while time.process_time() < end:  # 20 ms of CPU per sample
+            x = x.flip(1)
+        return x, i % 4
+
+model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 64 * 64, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+end = time.monotonic() + float(sys.argv[1])
+for x, y in DataLoader(Augment(), batch_size=8, num_workers=1):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    if time.monotonic() > end:
+        break
+"""
+
+COMPUTE_BOUND = COMMON + """
+class Cached(Dataset):
+    def __init__(self):
+        self.x = torch.randn(4096, 256)
+    def __len__(self):
+        return 4096
+    def __getitem__(self, i):
+        return self.x[i], i % 4
+
+w = torch.randn(256, 256, requires_grad=True)
+loader = DataLoader(Cached(), batch_size=32, num_workers=1, persistent_workers=True)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    for x, y in loader:
+        h = x
+        for _ in range(400):  # the model step dominates
+            h = torch.tanh(h @ w)
+        h.sum().backward()
+        if time.monotonic() > end:
+            break
+"""
+
+WRITE_STALL = COMMON + """
+class Cached(Dataset):
+    def __len__(self):
+        return 100_000
+    def __getitem__(self, i):
+        return torch.zeros(64), 0
+
+with open(os.path.join(sys.argv[4], "cgroup.procs"), "w") as fh:  # the slow disk's writers
+    fh.write(str(os.getpid()))
+model = torch.nn.Linear(64, 4)
+blob = os.urandom(1 << 20)
+ckpt = sys.argv[2]
+end = time.monotonic() + float(sys.argv[1])
+last = time.monotonic()
+for x, y in DataLoader(Cached(), batch_size=64, num_workers=1):
+    time.sleep(0.02)  # the model step
+    if time.monotonic() - last > 1.5:  # a large checkpoint, synced to disk, in the loop
+        with open(ckpt, "wb") as fh:
+            for _ in range(int(sys.argv[3])):
+                fh.write(blob)
+            fh.flush()
+            os.fsync(fh.fileno())
+        last = time.monotonic()
+    if time.monotonic() > end:
+        break
+"""
+
+
+def run_case(tmp_path: Path, code: str, *args: str) -> tuple[dict[str, Any], str]:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(code))
+    run = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.5", "--out",
+                          str(run), "--no-live", "--", sys.executable, str(script), *args],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    rep = subprocess.run([sys.executable, "-m", "iolens", "report", str(run), "--format", "json"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(rep.stdout), out.stderr
+
+
+def classes(report: dict[str, Any]) -> list[str]:
+    return [f["class"] for f in report["findings"]]
+
+
+def test_heavy_per_sample_cpu_with_one_worker_is_cpu_bound_input(tmp_path: Path) -> None:
+    report, err = run_case(tmp_path, CPU_BOUND_INPUT, "8")
+    v = report["verdict"]
+    assert v["class"] == "cpu-bound-input", (v, err)
+    assert v["severity"] == "high"
+    assert report["processes"]["worker"]["cpu_pct"] >= 70
+    assert "1 DataLoader workers at" in v["evidence"][0]
+
+
+def test_heavy_compute_with_cached_data_is_compute_bound(tmp_path: Path) -> None:
+    report, err = run_case(tmp_path, COMPUTE_BOUND, "8")
+    v = report["verdict"]
+    assert v["class"] == "compute-bound", (v, err)
+    assert v["severity"] == "none" and v["data_wait_share"] < 0.05
+    assert "noisy-neighbor" not in classes(report)
+
+
+def test_a_compute_bound_job_beside_a_heavy_reader_has_a_noisy_neighbor(tmp_path: Path) -> None:
+    need(os.geteuid() == 0, "needs root to drop the noisy reader's file from the page cache")
+    big = tmp_path / "neighbor.bin"
+    with open(big, "wb") as fh:
+        for _ in range(96):
+            fh.write(os.urandom(1 << 20))
+    # Another process reads a file on the job's device over and over, with direct I/O
+    # so that every read reaches the disk.
+    noisy = subprocess.Popen(
+        ["bash", "-c", f"while true; do dd if={big} of=/dev/null bs=256k iflag=direct "
+                       "status=none; done"], start_new_session=True)
+    try:
+        report, err = run_case(tmp_path, COMPUTE_BOUND, "8")
+    finally:
+        os.killpg(noisy.pid, 9)
+        noisy.wait()
+    v = report["verdict"]
+    assert v["class"] == "compute-bound", (v, err)
+    (neighbor,) = [f for f in report["findings"] if f["class"] == "noisy-neighbor"]
+    assert "by this job" in neighbor["evidence"][0]
+
+
+def test_checkpoints_that_flood_the_disk_are_a_write_stall(tmp_path: Path) -> None:
+    from iolens.demo.slowdisk import SlowDisk, missing_requirements
+
+    missing = missing_requirements()
+    need(not missing, "a slow disk needs " + "; ".join(missing))
+    # Checkpoints of 48 MiB, synced, to a disk that writes 32 MiB/s: each stalls the
+    # loop for about 1.5 s while the disk is saturated by the job's own writes.
+    with SlowDisk(256 << 20, write_bps=32 << 20) as disk:
+        report, err = run_case(tmp_path, WRITE_STALL, "9", f"{disk.mount_point}/ckpt.bin", "48",
+                               disk.cgroup)
+    v = report["verdict"]
+    assert v["class"] == "write-stall", (v, err, report["devices"])
+    assert v["devices"] == [disk.loop_name]
+    assert "writes by the training process" in v["evidence"][0]
+    assert "asynchronously" in v["recommendations"][0]["action"]
+    assert report["devices"][disk.loop_name]["util_max_pct"] >= 90
