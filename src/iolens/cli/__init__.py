@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from iolens import __version__
+from iolens.cli import compare as compare_cmd
 from iolens.cli import iostat as iostat_cmd
 from iolens.cli import report as report_cmd
 from iolens.cli import run as run_cmd
@@ -21,6 +22,7 @@ _COMMANDS: dict[str, tuple[Callable[[], argparse.ArgumentParser],
     "iostat": (iostat_cmd.build_parser, iostat_cmd.run),
     "run": (run_cmd.build_parser, run_cmd.run),
     "report": (report_cmd.build_parser, report_cmd.run),
+    "compare": (compare_cmd.build_parser, compare_cmd.run),
     "top": (top_cmd.build_parser, top_cmd.run),
 }
 
@@ -30,6 +32,7 @@ Find out why a training job waits for its data.
 commands:
   run       run a training command and record what holds it back
   report    the verdict on a recorded run, its evidence and what to do (text, json)
+  compare   two runs side by side, whether each difference is real; fail on a regression
   top       live view of the disks, a process tree (or the machine), CPU and GPUs
   iostat    extended device statistics, digit for digit as `iostat -x -d`
 

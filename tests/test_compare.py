@@ -1,0 +1,413 @@
+"""`iolens compare`: the block bootstrap, the --fail-on gate, the JSON object, real runs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import subprocess
+import sys
+import textwrap
+from array import array
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from iolens.analysis import compare as C
+from iolens.analysis.rundata import load_run
+from iolens.training import records as trecords
+from iolens.training.timing import TimingReader, TrainingAggregator
+from tests.test_report import write_run
+from tests.test_verdict import dev, rec
+
+
+def iolens(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "iolens", *args], capture_output=True,
+                          text=True, timeout=300, check=False, cwd=cwd)
+
+
+def series(n: int, seed: int, *, scale: float = 1.0, phi: float = 0.0, sd: float = 0.1,
+           wait: float = 0.3) -> C.BatchSamples:
+    """``n`` batches of about 10 ms * scale, log-normal noise, AR(1) with ``phi`` in time."""
+    r = random.Random(seed)
+    x = 0.0
+    steps, waits = [], []
+    for _ in range(n):
+        x = phi * x + r.gauss(0, sd * math.sqrt(1 - phi * phi))
+        s = int(1e7 * scale * math.exp(x))
+        steps.append(s)
+        waits.append(int(s * wait * (0.5 + r.random())))
+    return C.BatchSamples(steps, waits, n)
+
+
+def by_id(results: list[C.MetricResult], mid: str) -> C.MetricResult:
+    return next(m for m in results if m.spec.id == mid)
+
+
+# -- the statistics ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 4, 5, 19, 20, 24, 25, 100, 1000, 40_000, 1_000_000])
+def test_blocks_are_contiguous_equal_and_bounded(n: int) -> None:
+    bounds = C.block_bounds(n)
+    assert bounds[0][0] == 0 and bounds[-1][1] == n
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+    sizes = [b - a for a, b in bounds]
+    assert max(sizes) - min(sizes) <= 1
+    assert min(n, C.MIN_BLOCKS) <= len(bounds) <= C.MAX_BLOCKS
+    if n >= 25:
+        assert min(sizes) >= math.floor(math.sqrt(n)) - 1  # about sqrt(n) per block
+
+
+def test_fast_median_is_the_median_of_the_resample() -> None:
+    r = random.Random(7)
+    for n in (30, 700, 5000):
+        values = [r.choice((r.randrange(100), r.randrange(10**6))) for _ in range(n)]
+        bounds = C.block_bounds(n)
+        med = C.Median(values, bounds)
+        assert med.value() == sorted(values)[math.ceil(n / 2) - 1]
+        for _ in range(50):
+            picks = r.choices(range(len(bounds)), k=len(bounds))
+            pooled = sorted(v for i in picks for v in values[bounds[i][0]:bounds[i][1]])
+            assert med.resampled(picks) == pooled[math.ceil(len(pooled) / 2) - 1]
+
+
+def test_ratio_of_sums_on_a_resample() -> None:
+    num, den = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [1.0] * 6
+    stat = C.RatioOfSums(num, den, C.block_bounds(6))
+    assert stat.value() == pytest.approx(3.5)
+    assert stat.resampled([0, 0]) == pytest.approx(num[0])  # blocks of one here
+    assert stat.resampled([5]) == pytest.approx(6.0)
+
+
+def test_identical_runs_are_within_noise() -> None:
+    s = series(500, 1)
+    for m in C.compare_batches(s, s):
+        assert m.real is False and m.change == 0
+        assert m.ci_low is not None and m.ci_high is not None
+        assert m.ci_low <= 0 <= m.ci_high
+        assert m.outcome == "within-noise" and m.statement().endswith("within noise")
+
+
+def test_runs_of_the_same_distribution_are_mostly_within_noise() -> None:
+    real = [by_id(C.compare_batches(series(400, 2 * i), series(400, 2 * i + 1),
+                                    resamples=500), "step-time").real for i in range(20)]
+    assert real.count(True) <= 3  # a 95% interval: about 1 in 20 by chance
+
+
+def test_a_shift_is_real_and_the_interval_holds_the_true_ratio() -> None:
+    covered = 0
+    for i in range(20):
+        got = C.compare_batches(series(400, 2 * i), series(400, 2 * i + 1, scale=1.10),
+                                resamples=500)
+        step = by_id(got, "step-time")
+        assert step.real and step.outcome == "worse" and step.regression is not None
+        assert step.ci_low is not None and step.ci_high is not None
+        covered += step.ci_low <= 10.0 <= step.ci_high
+        thr = by_id(got, "throughput")
+        assert thr.real and thr.outcome == "worse" and thr.change is not None
+        assert thr.change < -5
+    assert covered >= 16  # a 95% interval over 20 trials
+
+
+def test_the_statement_says_how_much_with_the_interval() -> None:
+    step = by_id(C.compare_batches(series(400, 1), series(400, 2, scale=1.25)), "step-time")
+    assert step.change is not None and 20 < step.change < 30
+    text = step.statement()
+    assert text.startswith(f"NEW is slower by {step.change:.1f}% (95% CI +")
+    assert text.endswith("): real")
+    faster = by_id(C.compare_batches(series(400, 1), series(400, 2, scale=0.8)), "step-time")
+    assert faster.statement().startswith("NEW is faster by") and faster.outcome == "better"
+
+
+def test_small_samples_give_wide_intervals_and_tiny_ones_none() -> None:
+    def width(n: int) -> float:
+        m = by_id(C.compare_batches(series(n, 3), series(n, 4)), "step-time")
+        assert m.ci_low is not None and m.ci_high is not None
+        return m.ci_high - m.ci_low
+
+    assert width(25) > 3 * width(2500)
+    tiny = by_id(C.compare_batches(series(10, 3), series(500, 4, scale=2)), "step-time")
+    assert tiny.real is None and tiny.ci_low is None and tiny.outcome == "unknown"
+    assert tiny.change is not None and tiny.change > 50  # the figure is still shown
+    assert "too few batches (10 in BASE, 500 in NEW" in tiny.statement()
+
+
+def test_the_bootstrap_is_deterministic_given_its_seed() -> None:
+    a, b = series(300, 5), series(300, 6, scale=1.02)
+    one = [m.to_dict() for m in C.compare_batches(a, b)]
+    two = [m.to_dict() for m in C.compare_batches(a, b)]
+    assert one == two
+    other = [m.to_dict() for m in C.compare_batches(a, b, seed=1)]
+    assert [m["ci_low"] for m in other] != [m["ci_low"] for m in one]
+
+
+def test_blocks_keep_slow_stretches_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With neighbouring batches alike (AR(1)), resampling single batches is overconfident."""
+    a, b = series(1000, 8, phi=0.9), series(1000, 9, phi=0.9)
+    block = by_id(C.compare_batches(a, b, resamples=500), "step-time")
+    with monkeypatch.context() as mp:
+        mp.setattr(C, "block_bounds", lambda n: [(i, i + 1) for i in range(n)])
+        single = by_id(C.compare_batches(a, b, resamples=500), "step-time")
+    assert block.ci_low is not None and block.ci_high is not None
+    assert single.ci_low is not None and single.ci_high is not None
+    assert block.ci_high - block.ci_low > 2 * (single.ci_high - single.ci_low)
+    false_alarms = sum(bool(by_id(C.compare_batches(series(1000, 2 * i, phi=0.9),
+                                                    series(1000, 2 * i + 1, phi=0.9),
+                                                    resamples=300), "step-time").real)
+                       for i in range(10))
+    assert false_alarms <= 3
+
+
+# -- reading the timing files ----------------------------------------------------------------
+
+
+def write_bin(path: Path, recs: list[tuple[int, int, int]], torn: bool = False) -> None:
+    data = array("q", [x for r in recs for x in r]).tobytes()
+    path.write_bytes(data + (b"\x01\x02" if torn else b""))
+
+
+def test_batches_of_several_processes_merge_in_time_order(tmp_path: Path) -> None:
+    tdir = tmp_path / "timing"
+    tdir.mkdir()
+    ep, bt = trecords.EPOCH, trecords.BATCH
+    write_bin(tdir / "100.bin", [(ep, 0, 2), (bt, 10, 30), (bt, 50, 60)], torn=True)
+    write_bin(tdir / "200.bin", [(ep, 5, 0), (bt, 15, 40)])
+    (tdir / "200.json").write_text("{}")
+    got = C.read_batches(str(tmp_path))
+    assert got is not None
+    assert (got.steps, got.waits, got.total, got.every) == ([30, 35, 30], [20, 25, 10], 3, 1)
+    thin = C.read_batches(str(tmp_path), cap=2)
+    assert thin is not None and thin.total == 3 and thin.every == 3
+    assert thin.steps == [30, 35]  # the first batch of each process
+    assert C.read_batches(str(tmp_path / "nothing")) is None
+
+
+# -- the gate --------------------------------------------------------------------------------
+
+
+def test_fail_on_parses_metrics_and_thresholds() -> None:
+    got = C.parse_fail_on(["step-time:5%,data-wait:10%", "throughput:2.5%",
+                           "data-wait-share:5"])
+    assert [(b.metric, b.threshold, b.unit) for b in got] == [
+        ("step-time", 5.0, "%"), ("data-wait", 10.0, "%"), ("throughput", 2.5, "%"),
+        ("data-wait-share", 5.0, "points")]
+    assert C.parse_fail_on(["data-wait-share:3pp"])[0].threshold == 3.0
+    assert C.parse_fail_on([" Step-Time : 0 "])[0].text() == "step-time:0%"
+
+
+@pytest.mark.parametrize("spec", ["latency:5%", "step-time", "step-time:", "step-time:-5%",
+                                  "step-time:five", "step-time:5pp", "step-time:5%,",
+                                  "step-time:5%,step-time:6%", ""])
+def test_bad_fail_on_names_the_accepted_metrics(spec: str) -> None:
+    with pytest.raises(ValueError, match=r"accepted metrics|bounded twice|not points") as exc:
+        C.parse_fail_on([spec])
+    if "latency" in spec:
+        assert "step-time" in str(exc.value) and "data-wait-share" in str(exc.value)
+
+
+def result(mid: str, change: float | None, real: bool | None, *, base: float = 1.0
+           ) -> C.MetricResult:
+    m = C.MetricResult(C.TRAINING_METRICS[mid], C.BATCHES, base, base, (100, 100))
+    m.change, m.real = change, real
+    if real is not None and change is not None:
+        m.ci_low, m.ci_high = change - 1, change + 1
+    return m
+
+
+@pytest.mark.parametrize(("mid", "change", "real", "status"), [
+    ("step-time", 12.0, True, "crossed"),
+    ("step-time", 12.0, False, "passed"),      # above the bound, but noise
+    ("step-time", 4.0, True, "passed"),        # real, but within the bound
+    ("step-time", -30.0, True, "passed"),      # faster
+    ("throughput", -12.0, True, "crossed"),    # lower throughput is the regression
+    ("throughput", 12.0, True, "passed"),
+    ("data-wait-share", 6.0, True, "crossed"),  # points
+    ("data-wait-share", 4.0, True, "passed"),
+    ("step-time", 50.0, None, "too-short"),
+])
+def test_a_bound_is_crossed_only_when_real_and_above(mid: str, change: float, real: bool | None,
+                                                     status: str) -> None:
+    bound = C.parse_fail_on([f"{mid}:5"])
+    got = C.evaluate_gate([result(mid, change, real)], bound)
+    assert got[0].status == status
+    assert got[0].to_dict()["crossed"] is (status == "crossed")
+    assert C.regressed(got) is (status == "crossed")
+    assert C.regressed(got, strict=True) is (status in ("crossed", "too-short"))
+
+
+def test_a_bound_on_a_missing_figure_has_no_data() -> None:
+    m = C.MetricResult(C.TRAINING_METRICS["step-time"], C.BATCHES, 0.01, None, (100, 0))
+    got = C.evaluate_gate([m], C.parse_fail_on(["step-time:5%"]))
+    assert got[0].status == "no-data" and "NEW" in got[0].reason
+
+
+# -- the command, on constructed runs ----------------------------------------------------------
+
+
+def noisy_run(folder: Path, *, n: int = 30, step: float = 0.1, seed: int = 0,
+              **kw: Any) -> Path:
+    r = random.Random(seed)
+    recs = []
+    for i in range(n):
+        s = step * (1 + 0.05 * r.gauss(0, 1))
+        recs.append(rec(i, step=s, wait=s * 0.3 * (1 + 0.1 * r.gauss(0, 1)),
+                        devices={"vda": dev(util=40 + r.random(), r_s=100, rkb=6400,
+                                            r_await=2 + r.random())}, job_read=6e6, **kw))
+    return write_run(folder, recs, {"cpus": 8, "exit_code": 0})
+
+
+def test_json_object_has_the_documented_fields(tmp_path: Path) -> None:
+    base = noisy_run(tmp_path / "base", seed=1)
+    new = noisy_run(tmp_path / "new", seed=2, step=0.13)
+    out = iolens("compare", str(base), str(new), "--format", "json",
+                 "--fail-on", "step-time:5%", "--fail-on", "data-wait-share:5")
+    assert out.returncode == 1, out.stderr
+    assert "regression: step-time:5%" in out.stderr
+    o = json.loads(out.stdout)
+    assert set(o) == {"compare_schema", "base", "new", "method", "metrics", "verdicts",
+                      "fail_on", "strict", "warnings", "regressed"}
+    assert o["compare_schema"] == 1 and o["regressed"] is True and o["strict"] is False
+    assert o["base"]["path"] == str(base) and o["new"]["intervals"] == 30
+    assert o["base"]["batches"] == 300
+    assert o["method"]["samples"] == C.INTERVALS and o["method"]["resamples"] == 2000
+    assert set(o["base"]["distributions"]) == {"source", "step", "data_wait", "steps_per_s"}
+    ids = [m["id"] for m in o["metrics"]]
+    assert ids == ["throughput", "step-time", "data-wait", "data-wait-share",
+                   "device:vda:util", "device:vda:r_await", "device:vda:read_MBps", "job-read"]
+    for m in o["metrics"]:
+        assert {"id", "label", "unit", "statistic", "source", "base", "new", "samples", "change",
+                "change_unit", "ci_low", "ci_high", "real", "better", "direction", "outcome",
+                "statement"} <= set(m)
+    step = o["metrics"][1]
+    assert step["statistic"] == "mean"  # per-interval figures: no median
+    assert step["real"] is True and step["outcome"] == "worse" and step["direction"] == "higher"
+    assert step["change"] == pytest.approx(30, abs=5)
+    assert step["ci_low"] < step["change"] < step["ci_high"]
+    share = o["metrics"][3]
+    assert share["unit"] == "%" and share["change_unit"] == "points"
+    assert share["base"] == pytest.approx(30, abs=2)
+    assert o["metrics"][4]["better"] is None
+    assert o["verdicts"]["base"]["class"] == o["verdicts"]["new"]["class"]
+    assert o["verdicts"]["class_changed"] is False
+    gates = {g["bound"]: g for g in o["fail_on"]}
+    assert gates["step-time:5%"]["status"] == "crossed"
+    assert gates["data-wait-share:5"]["status"] == "passed"
+    assert gates["data-wait-share:5"]["unit"] == "points"
+
+
+def test_no_bound_or_a_passed_one_exits_0(tmp_path: Path) -> None:
+    base = noisy_run(tmp_path / "base", seed=1)
+    again = noisy_run(tmp_path / "again", seed=2)
+    assert iolens("compare", str(base), str(again)).returncode == 0
+    out = iolens("compare", str(base), str(again), "--fail-on", "step-time:5%,throughput:5%")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "no bound crossed" in out.stdout
+
+
+def test_text_output_prints_run_strings_as_they_are(tmp_path: Path) -> None:
+    base = noisy_run(tmp_path / "[red]base[/red]", seed=1)
+    new = noisy_run(tmp_path / "new", seed=2, step=0.2)
+    out = iolens("compare", str(base), str(new), "--fail-on", "step-time:5%")
+    assert out.returncode == 1
+    assert "[red]base[/red]" in out.stdout and "\x1b[" not in out.stdout
+    assert "REGRESSED" in out.stdout and "slower by" in out.stdout
+    assert "step time (mean)" in out.stdout and "vda %util" in out.stdout
+
+
+def test_too_short_runs_warn_and_fail_only_when_strict(tmp_path: Path) -> None:
+    base = noisy_run(tmp_path / "base", n=10, seed=1)
+    new = noisy_run(tmp_path / "new", n=10, seed=2, step=0.2)
+    out = iolens("compare", str(base), str(new), "--fail-on", "step-time:5%")
+    assert out.returncode == 0
+    assert "cannot be judged" in out.stderr and "too few timed intervals" in out.stderr
+    strict = iolens("compare", str(base), str(new), "--fail-on", "step-time:5%", "--strict")
+    assert strict.returncode == 1
+
+
+def test_bad_input_exits_2(tmp_path: Path) -> None:
+    run = noisy_run(tmp_path / "run", seed=1)
+    missing = iolens("compare", str(run), str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "no such run directory" in missing.stderr
+    empty = write_run(tmp_path / "empty", [], {"cpus": 8})
+    out = iolens("compare", str(run), str(empty))
+    assert out.returncode == 2 and "empty" in out.stderr
+    bad = iolens("compare", str(run), str(run), "--fail-on", "latency:5%")
+    assert bad.returncode == 2 and "accepted metrics" in bad.stderr
+    assert iolens("compare", str(run)).returncode == 2
+    untimed = write_run(tmp_path / "untimed", [rec(i, batches=0) for i in range(30)], {})
+    assert iolens("compare", str(run), str(untimed)).returncode == 0  # nothing to gate
+    gated = iolens("compare", str(run), str(untimed), "--fail-on", "step-time:5%")
+    assert gated.returncode == 2 and "not measured in NEW" in gated.stderr
+
+
+# -- real runs -------------------------------------------------------------------------------
+
+TRAIN = textwrap.dedent("""
+    import sys, time, torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Data(Dataset):
+        def __len__(self):
+            return 60
+        def __getitem__(self, i):
+            time.sleep(float(sys.argv[1]))  # the input pipeline: 2 ms or 10 ms a sample
+            return torch.zeros(4)
+
+    for epoch in range(2):
+        for x in DataLoader(Data(), batch_size=2, num_workers=0):
+            time.sleep(0.005)  # the training step
+""")
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("torch")
+    tmp = tmp_path_factory.mktemp("compare")
+    (tmp / "train.py").write_text(TRAIN)
+    runs = {}
+    for name, delay in (("base", "0.002"), ("again", "0.002"), ("slow", "0.010")):
+        out = iolens("run", "--interval", "0.2", "--out", name, "--no-live", "--",
+                     sys.executable, "train.py", delay, cwd=tmp)
+        assert out.returncode == 0, out.stderr
+        runs[name] = tmp / name
+    return runs
+
+
+def test_a_slower_dataset_fails_the_gate(real_runs: dict[str, Path]) -> None:
+    out = iolens("compare", str(real_runs["base"]), str(real_runs["slow"]), "--format", "json",
+                 "--fail-on", "step-time:5%")
+    assert out.returncode == 1, out.stdout + out.stderr
+    o = json.loads(out.stdout)
+    assert o["method"]["samples"] == C.BATCHES and o["base"]["batches"] == 60
+    step = next(m for m in o["metrics"] if m["id"] == "step-time")
+    assert step["statistic"] == "median" and step["real"] is True
+    assert step["outcome"] == "worse" and step["change"] > 50  # 2 x 8 ms more a batch
+    assert step["statement"].startswith("NEW is slower by") and step["statement"].endswith("real")
+    assert o["fail_on"][0]["status"] == "crossed" and o["regressed"] is True
+    text = iolens("compare", str(real_runs["base"]), str(real_runs["slow"]),
+                  "--fail-on", "step-time:5%")
+    assert text.returncode == 1 and "slower by" in text.stdout and "REGRESSED" in text.stdout
+
+
+def test_the_same_script_twice_passes_the_gate(real_runs: dict[str, Path]) -> None:
+    out = iolens("compare", str(real_runs["base"]), str(real_runs["again"]),
+                 "--fail-on", "step-time:5%")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "no bound crossed" in out.stdout
+
+
+def test_batches_read_as_the_report_reads_them(real_runs: dict[str, Path]) -> None:
+    run = str(real_runs["base"])
+    agg = TrainingAggregator()
+    TimingReader(f"{run}/timing").poll(agg)
+    got = C.read_batches(run)
+    assert got is not None
+    assert sorted(got.steps) == sorted(agg.steps) and sorted(got.waits) == sorted(agg.waits)
+    thin = C.read_batches(run, cap=20)
+    assert thin is not None and thin.total == 60 and thin.every > 1
+    assert len(thin.steps) <= 20
+    cmp = C.compare_runs(load_run(run), load_run(str(real_runs["slow"])), cap=20)
+    assert any("one in every" in w for w in cmp.warnings)
