@@ -31,7 +31,7 @@ Find out why a training job waits for its data.
 
 commands:
   run       run a training command and record what holds it back
-  report    the verdict on a recorded run, its evidence and what to do (text, json)
+  report    the verdict on a recorded run, its evidence and what to do (text, json, html)
   compare   two runs side by side, whether each difference is real; fail on a regression
   top       live view of the disks, a process tree (or the machine), CPU and GPUs
   iostat    extended device statistics, digit for digit as `iostat -x -d`

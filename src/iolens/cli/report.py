@@ -19,32 +19,41 @@ formats:
   json   the same as one stable object: run, notes, verdict (class, severity,
          data_wait_share, devices, evidence, recommendations, windows, figures),
          findings, training, devices, processes, gpus, cpu
+  html   one self-contained page that opens offline in any browser: the text
+         report's sections, then zoomable charts on one time axis (devices'
+         MB/s, await and %util, the job's reads and cache hits, CPU, GPU, step
+         time and data wait) with the verdict's windows shaded; written to
+         RUN/report.html unless -o says otherwise; needs plotly
+         (pip install 'iolens[html]')
 
 A damaged run directory (a torn last line, corrupt lines, a missing
 meta.json, records from a newer iolens) is read as far as it is valid, and
 the report's notes say what was skipped.
 
-exit codes: 0 written, 1 the output could not be written, 2 no run at RUN or bad options
+exit codes: 0 written, 1 the output could not be written (or plotly is missing for
+html), 2 no run at RUN or bad options
 
 examples:
   iolens report iolens-runs/20261130-101500-train
   iolens report runs/baseline --format json -o baseline.json
+  iolens report runs/baseline --format html          # writes runs/baseline/report.html
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``iolens report``."""
     p = argparse.ArgumentParser(
-        prog="iolens report", usage="iolens report RUN [--format text|json] [-o FILE]",
+        prog="iolens report", usage="iolens report RUN [--format text|json|html] [-o FILE]",
         description="Report on a recorded run: what held the training back, the evidence, "
                     "and what to do about it.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", metavar="RUN", help="a run directory written by `iolens run` or "
                                               "iolens.monitor()")
-    p.add_argument("--format", choices=("text", "json"), default="text",
+    p.add_argument("--format", choices=("text", "json", "html"), default="text",
                    help="output format (default text)")
     p.add_argument("-o", "--output", metavar="FILE",
-                   help="write to FILE instead of standard output")
+                   help="write to FILE instead of standard output (html: instead of "
+                        "RUN/report.html)")
     return p
 
 
@@ -52,6 +61,10 @@ def _write_atomic(path: str, data: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".iolens-report-", dir=folder)
     try:
+        # mkstemp makes the file private (0600); a report gets the usual mode.
+        mask = os.umask(0)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(data)
         os.replace(tmp, path)
@@ -66,28 +79,48 @@ def run(ns: argparse.Namespace) -> int:
     from iolens.analysis.rundata import load_run  # noqa: PLC0415 - keep `iolens --help` fast
     from iolens.report.build import build_report  # noqa: PLC0415
 
+    plotlyjs = None
+    if ns.format == "html":
+        from iolens.report.html import plotly_js  # noqa: PLC0415
+
+        try:  # before the run is read: a missing extra should not cost a long load
+            plotlyjs = plotly_js()
+        except IolensError as exc:
+            print(f"iolens report: {exc}", file=sys.stderr)
+            return 1
     try:
         data = load_run(ns.run)
     except IolensError as exc:
         print(f"iolens report: {exc}", file=sys.stderr)
         return 2
     report = build_report(data)
+    output = ns.output
+    default_output = False
     if ns.format == "json":
         text = json.dumps(report, indent=2, allow_nan=False) + "\n"
+    elif ns.format == "html":
+        from iolens.report.html import render_html  # noqa: PLC0415
+
+        text = render_html(report, data.records, plotlyjs=plotlyjs)
+        if not output:  # a page on standard output is of no use to a browser
+            output = os.path.join(data.path, "report.html")
+            default_output = True
     else:
-        text = _render_text(report, to_terminal=ns.output is None)
+        text = _render_text(report, to_terminal=output is None)
     try:
-        if ns.output:
-            _write_atomic(ns.output, text)
+        if output:
+            _write_atomic(output, text)
         else:
             sys.stdout.write(text)
             sys.stdout.flush()
     except OSError as exc:
-        where = ns.output or "standard output"
-        print(f"iolens report: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
+        where = output or "standard output"
+        hint = " (choose another file with -o FILE)" if default_output else ""
+        print(f"iolens report: cannot write {where}: {exc.strerror or exc}{hint}",
+              file=sys.stderr)
         return 1
-    if ns.output:
-        print(f"iolens report: wrote {ns.output}", file=sys.stderr)
+    if output:
+        print(f"iolens report: wrote {output}", file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,263 @@
+"""Time and memory of `iolens report` on a long synthetic run, and the HTML file's size.
+
+Writes a run directory as `iolens run` would after a week of training at a
+1-second interval (by default 604,800 intervals, 4 devices, 8 DataLoader
+workers, one GPU), streaming the records to records.jsonl, then runs
+`iolens report --format json`, `--format text` and `--format html` on it,
+each as its own subprocess, and measures its wall time and peak RSS (from
+wait4(2), so each figure is that command's alone).
+
+The run: a steady job reading its dataset from nvme0n1, a one-hour
+checkpoint rhythm writing to sdb, a 20-minute storage stall every six hours
+(nvme0n1 saturated, the loop waiting for data), and single-interval spikes
+scattered through it, which the HTML charts must keep however far they
+downsample. Goals: json and text under 10 s and 1 GB each; the HTML file
+under 20 MB.
+
+    python bench/bench_report.py --days 1 --out bench/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+START = datetime(2026, 11, 1, 8, 0, 0, tzinfo=UTC)
+DEVICES = ("nvme0n1", "sdb", "sda", "loop0", "vdc", "vdd", "vde", "vdf")
+
+
+def _dev(*, util: float, r_s: float, rkb: float, r_await: float, w_s: float, wkb: float,
+         w_await: float, aqu: float) -> dict[str, float]:
+    return {"r_s": round(r_s, 2), "rkB_s": round(rkb, 2), "rrqm_s": 0.0,
+            "r_await": round(r_await, 4), "rareq_sz": round(rkb / r_s, 4) if r_s else 0.0,
+            "w_s": round(w_s, 2), "wkB_s": round(wkb, 2), "wrqm_s": 0.0,
+            "w_await": round(w_await, 4), "wareq_sz": round(wkb / w_s, 4) if w_s else 0.0,
+            "d_s": 0.0, "f_s": 0.0, "aqu_sz": round(aqu, 4), "util": round(min(util, 100.0), 2)}
+
+
+def _dist(mean: float, rng: random.Random) -> dict[str, float]:
+    p50 = mean * rng.uniform(0.9, 1.0)
+    return {"count": 0, "sum_s": 0.0, "max_s": round(mean * rng.uniform(1.5, 3.0), 6),
+            "p50_s": round(p50, 6), "p95_s": round(mean * rng.uniform(1.2, 1.5), 6)}
+
+
+def make_record(i: int, interval: float, devices: int, workers: int,
+                rng: random.Random) -> dict[str, Any]:
+    """Interval ``i`` of the synthetic run, shaped as the recorder writes it."""
+    elapsed = (i + 1) * interval
+    in_stall = (elapsed % 21600) < 1200  # 20 minutes every 6 hours
+    in_ckpt = (elapsed % 3600) < 30  # 30 s of checkpoint writes every hour
+    spike = rng.random() < 0.0005
+    batches = 10
+    step = 0.1 * rng.uniform(0.95, 1.05)
+    wait = 0.09 * rng.uniform(0.9, 1.0) if in_stall else 0.004 * rng.uniform(0.5, 1.5)
+    if in_ckpt:
+        step *= 2.5
+    if spike:
+        wait *= 20
+        step += wait
+    batches = max(1, round(interval / step))
+    read_kb = 40 * 64 if in_stall else 160 * 64 * rng.uniform(0.8, 1.2)
+    devs: dict[str, Any] = {}
+    names = DEVICES[:devices]
+    for n, name in enumerate(names):
+        if n == 0:
+            util = 98.0 if in_stall else 35 * rng.uniform(0.8, 1.2)
+            if spike:
+                util = 100.0
+            devs[name] = _dev(util=util, r_s=read_kb / 64, rkb=read_kb,
+                              r_await=31.0 if in_stall else 0.4, w_s=2, wkb=8, w_await=1.0,
+                              aqu=3.4 if in_stall else 0.2)
+        elif n == 1:
+            wkb = 400_000.0 if in_ckpt else 20.0
+            devs[name] = _dev(util=100.0 if in_ckpt else 0.5, r_s=0.0, rkb=0.0, r_await=0.0,
+                              w_s=wkb / 512, wkb=wkb, w_await=45.0 if in_ckpt else 1.0,
+                              aqu=8.0 if in_ckpt else 0.01)
+        else:
+            devs[name] = _dev(util=rng.uniform(0, 3), r_s=rng.uniform(0, 5),
+                              rkb=rng.uniform(0, 100), r_await=0.5, w_s=rng.uniform(0, 5),
+                              wkb=rng.uniform(0, 100), w_await=1.0, aqu=0.01)
+    job_read = read_kb * 1024 * 0.97
+    rchar = job_read / (0.2 if not in_stall else 0.95)
+    main_write = 400_000.0 * 1024 if in_ckpt else 2000.0
+    worker_cpu = (8.0 if in_stall else 45.0) * workers * rng.uniform(0.9, 1.1)
+    roles = {
+        "main": {"pids": 1, "cpu_pct": round(95 * rng.uniform(0.9, 1.05), 2),
+                 "read_bytes_s": 0.0, "write_bytes_s": round(main_write, 1),
+                 "rchar_s": round(rng.uniform(1e6, 2e6), 1), "wchar_s": round(main_write, 1),
+                 "cache_hit": 1.0},
+        "worker": {"pids": workers, "cpu_pct": round(worker_cpu, 2),
+                   "read_bytes_s": round(job_read, 1), "write_bytes_s": 0.0,
+                   "rchar_s": round(rchar, 1), "wchar_s": 0.0,
+                   "cache_hit": round(max(0.0, 1 - job_read / rchar), 4)},
+    }
+    data_wait, step_d = _dist(wait, rng), _dist(step, rng)
+    for d, per in ((data_wait, wait), (step_d, step)):
+        d["count"] = batches
+        d["sum_s"] = round(per * batches, 6)
+    idle = 20.0 if in_stall else 45.0
+    t = START + timedelta(seconds=elapsed)
+    return {
+        "schema": 1, "seq": i, "t": round(t.timestamp(), 3),
+        "time": t.isoformat(timespec="milliseconds"),
+        "elapsed_s": round(elapsed, 3), "interval_s": interval,
+        "devices": devs,
+        "job": {"pids": 1 + workers, "cpu_pct": round(roles["main"]["cpu_pct"] + worker_cpu, 2),
+                "read_bytes_s": round(job_read, 1), "write_bytes_s": round(main_write, 1),
+                "rchar_s": round(rchar + 1.5e6, 1), "wchar_s": round(main_write, 1),
+                "cache_hit": round(max(0.0, 1 - job_read / (rchar + 1.5e6)), 4),
+                "states": {"D": workers // 2, "S": workers - workers // 2, "R": 1}
+                if in_stall else {"S": workers, "R": 1},
+                "roles": roles},
+        "cpu": {"user": round(100 - idle - 5, 2), "system": 5.0,
+                "iowait": 25.0 if in_stall else 1.0, "idle": idle - 1, "steal": 0.0},
+        "mem": {"cached_bytes": 40 << 30, "dirty_bytes": (6 << 30) if in_ckpt else 1 << 20,
+                "writeback_bytes": 0, "available_bytes": 80 << 30},
+        "gpu": [{"index": 0, "util_pct": 15.0 if in_stall else 92.0 * rng.uniform(0.95, 1.0),
+                 "mem_util_pct": 40.0, "mem_used_bytes": 30 << 30, "mem_total_bytes": 80 << 30}],
+        "train": {"batches": batches, "epochs_started": 1 if i % 3600 == 0 else 0,
+                  "data_wait": data_wait, "step": step_d, "step_source": "dataloader",
+                  "data_wait_share": round(wait / step, 4)},
+    }
+
+
+def write_run(folder: str, n: int, interval: float, devices: int, workers: int) -> float:
+    """Write the run directory; returns the seconds it took."""
+    start = time.perf_counter()
+    os.makedirs(folder, exist_ok=True)
+    rng = random.Random(1)
+    meta = {
+        "schema": 1, "iolens_version": "bench", "host": "bench", "cpus": 32,
+        "command": ["python", "train.py", "--epochs", "168"], "cwd": "/data/job",
+        "interval_s": interval, "start": START.isoformat(timespec="milliseconds"),
+        "start_t": START.timestamp(), "duration_s": n * interval, "exit_code": 0,
+        "end": (START + timedelta(seconds=n * interval)).isoformat(timespec="milliseconds"),
+        "devices": {name: "the job reads its dataset there" if k == 0 else "watched"
+                    for k, name in enumerate(DEVICES[:devices])},
+        "disk_source": "/proc/diskstats", "instrumented": True, "records": n,
+        "gpu": {"available": True, "reason": None, "names": ["H100"]}, "notes": [],
+    }
+    with open(os.path.join(folder, "meta.json"), "w") as fh:
+        json.dump(meta, fh)
+    with open(os.path.join(folder, "records.jsonl"), "w") as fh:
+        chunk: list[str] = []
+        for i in range(n):
+            chunk.append(json.dumps(make_record(i, interval, devices, workers, rng),
+                                    separators=(",", ":")))
+            if len(chunk) >= 4096:
+                fh.write("\n".join(chunk) + "\n")
+                chunk = []
+        if chunk:
+            fh.write("\n".join(chunk) + "\n")
+    return time.perf_counter() - start
+
+
+def measure(cmd: list[str], timeout: float, mem_limit: int) -> tuple[int, float, float]:
+    """Run ``cmd``; its exit status, wall seconds and peak RSS in MiB (wait4's ru_maxrss)."""
+    with tempfile.TemporaryFile() as errf:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf)
+        if mem_limit:  # set from outside: the child is still starting Python then
+            resource.prlimit(proc.pid, resource.RLIMIT_AS, (mem_limit, mem_limit))
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - start > timeout:
+                proc.send_signal(signal.SIGKILL)
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.05)
+        wall = time.perf_counter() - start
+        proc.returncode = rc = os.waitstatus_to_exitcode(status)
+        errf.seek(0)
+        err = errf.read().decode(errors="replace")
+    if rc != 0:
+        print(f"bench: {' '.join(cmd[3:])} exited {rc}: {err[-600:]}", file=sys.stderr)
+    return rc, wall, usage.ru_maxrss / 1024
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--days", type=float, default=7.0)
+    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--devices", type=int, default=4, choices=range(1, len(DEVICES) + 1))
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--dir", help="write the run here and keep it (default: a temporary "
+                                  "directory, removed afterwards)")
+    ap.add_argument("--formats", default="json,text,html")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per report")
+    ap.add_argument("--mem-limit-gb", type=float, default=16.0,
+                    help="address-space limit of each report process (0: none)")
+    ap.add_argument("--out", help="append a Markdown summary here")
+    args = ap.parse_args()
+    n = round(args.days * 86400 / args.interval)
+    tmp = None if args.dir else tempfile.mkdtemp(prefix="iolens-bench-report-")
+    folder = args.dir or os.path.join(tmp or ".", "run")
+    try:
+        print(f"bench: writing {n} intervals to {folder}", file=sys.stderr)
+        gen_s = write_run(folder, n, args.interval, args.devices, args.workers)
+        size = os.path.getsize(os.path.join(folder, "records.jsonl"))
+        rows = []
+        for fmt in args.formats.split(","):
+            target = os.path.join(folder, f"report.{'txt' if fmt == 'text' else fmt}")
+            cmd = [sys.executable, "-m", "iolens", "report", folder, "--format", fmt,
+                   "-o", target]
+            print(f"bench: iolens report --format {fmt}", file=sys.stderr)
+            rc, wall, rss = measure(cmd, args.timeout, int(args.mem_limit_gb * 2**30))
+            out_size = os.path.getsize(target) if rc == 0 and os.path.exists(target) else None
+            rows.append((fmt, rc, wall, rss, out_size))
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    lines = [
+        "",
+        f"# Benchmark: iolens report on a synthetic {args.days:g}-day run",
+        "",
+        f"- when: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        f"- machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}",
+        f"- run: {n} intervals of {args.interval:g} s, {args.devices} devices, "
+        f"{args.workers} workers, 1 GPU; records.jsonl {size / 2**20:.0f} MiB, "
+        f"written in {gen_s:.0f} s",
+        f"- each report a separate process, limited to {args.mem_limit_gb:g} GiB of address "
+        f"space and {args.timeout:g} s; peak RSS from wait4(2)",
+        "",
+        "| format | exit | wall (s) | peak RSS (MiB) | output (MiB) | goal | met |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for fmt, rc, wall, rss, out_size in rows:
+        out_mib = out_size / 2**20 if out_size is not None else None
+        if fmt == "html":
+            goal = "file < 20 MB"
+            met = rc == 0 and out_size is not None and out_size < 20e6
+        else:
+            goal = "< 10 s, < 1 GB"
+            met = rc == 0 and wall < 10 and rss * 2**20 < 1e9
+        lines.append(f"| {fmt} | {rc} | {wall:.1f} | {rss:.0f} | "
+                     f"{f'{out_mib:.3f}' if out_mib is not None else '-'} | {goal} | "
+                     f"{'yes' if met else 'no'} |")
+    lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "a") as fh:
+            fh.write(text)
+    return 0 if all(r[1] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
