@@ -113,3 +113,35 @@ def test_a_reaped_childs_io_is_counted_once(tmp_path: Path) -> None:
     rec.close()
     assert 7.9 * 2**20 <= written <= 8.6 * 2**20  # once, not twice
     assert cpu_s >= 0.45  # the child's CPU, including what it used after the last look
+
+
+def test_descendants_follow_new_and_ended_processes() -> None:
+    # The parent of each process is kept between calls (NOTE [parent cache]);
+    # children that appear or end between two calls must still be seen.
+    code = ("import os, sys, time\n"
+            "sys.stdin.readline()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    time.sleep(30)\n"
+            "print(pid, flush=True)\n"
+            "sys.stdin.readline()\n"
+            "os.kill(pid, 9); os.waitpid(pid, 0)\n"
+            "print('gone', flush=True)\n"
+            "time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    table = ProcessTable()
+    try:
+        assert [s.pid for s in table.descendants(proc.pid)] == [proc.pid]
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        child = int(proc.stdout.readline())
+        assert sorted(s.pid for s in table.descendants(proc.pid)) == sorted([proc.pid, child])
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "gone"
+        assert [s.pid for s in table.descendants(proc.pid)] == [proc.pid]
+    finally:
+        proc.kill()
+        proc.wait()

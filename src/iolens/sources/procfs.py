@@ -205,10 +205,21 @@ class ProcSample:
 
 
 class ProcessTable:
-    """Finds a process and all its descendants and reads their counters."""
+    """Finds a process and all its descendants and reads their counters.
+
+    NOTE [parent cache]: finding descendants needs every process's parent,
+    and reading every /proc/<pid>/stat at each sample was 95% of a sample's
+    cost (2.1 ms with 67 processes). Parents are kept between samples, keyed
+    by pid and the inode of /proc/<pid> (a new process under a reused pid
+    gets a new inode), so only new processes and the job's own are read. A
+    process outside the job that a subreaper inside it adopts is missed until
+    its /proc entry changes; the job's own processes are read afresh anyway.
+    """
 
     def __init__(self, proc_root: str = "/proc") -> None:
         self.proc_root = proc_root
+        self._parents: dict[int, tuple[int, int]] = {}
+        """pid -> (inode of /proc/<pid>, parent pid), from the last sample."""
 
     def read_stat(self, pid: int) -> ProcStat | None:
         """/proc/<pid>/stat, or None if the process is gone."""
@@ -225,28 +236,46 @@ class ProcessTable:
             return None
 
     def descendants(self, root: int) -> list[ProcStat]:
-        """``root`` and every process below it, each with its stat (root first)."""
+        """``root`` and every process below it, each with a fresh stat (root first)."""
         try:
-            names = os.listdir(self.proc_root)
+            entries = list(os.scandir(self.proc_root))
         except OSError:
             return []
-        stats: dict[int, ProcStat] = {}
+        fresh: dict[int, ProcStat] = {}
         children: dict[int, list[int]] = {}
-        for name in names:
-            if not name.isdigit():
+        parents: dict[int, tuple[int, int]] = {}
+        for entry in entries:
+            if not entry.name.isdigit():
                 continue
-            st = self.read_stat(int(name))
-            if st is None:
+            pid = int(entry.name)
+            try:
+                ino = entry.inode()
+            except OSError:
                 continue
-            stats[st.pid] = st
-            children.setdefault(st.ppid, []).append(st.pid)
-        if root not in stats:
+            known = self._parents.get(pid)
+            if known is not None and known[0] == ino:
+                ppid = known[1]
+            else:
+                st = self.read_stat(pid)
+                if st is None:
+                    continue
+                fresh[pid] = st
+                ppid = st.ppid
+            parents[pid] = (ino, ppid)
+            children.setdefault(ppid, []).append(pid)
+        self._parents = parents
+        if root not in parents:
             return []
         out: list[ProcStat] = []
         todo = [root]
         while todo:
             pid = todo.pop()
-            out.append(stats[pid])
+            st = fresh.get(pid) or self.read_stat(pid)
+            if st is None:
+                continue
+            if st.ppid != parents[pid][1]:
+                parents[pid] = (parents[pid][0], st.ppid)
+            out.append(st)
             todo.extend(children.get(pid, ()))
         return out
 
