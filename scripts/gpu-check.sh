@@ -2,7 +2,8 @@
 # The GPU check, for a machine with an NVIDIA GPU, NVML and a CUDA build of
 # PyTorch (CI has none, so there these tests skip). It runs the GPU tests
 # with IOLENS_REQUIRE_GPU=1, which turns their skip into a failure, then a
-# short CUDA training under `iolens run` whose run directory it keeps.
+# short CUDA training under `iolens run` whose run directory and reports it
+# keeps, and a snapshot of `iolens top`.
 #   bash scripts/gpu-check.sh [OUTDIR]      (default: gpu-check/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,11 @@ for epoch in range(3):
 PYEOF
 "$PY" -m iolens run --interval 0.5 --no-live --out "$out/run" -- "$PY" "$out/train_gpu.py" \
   2>&1 | tee "$out/run.log" || status=1
+"$PY" -m iolens report "$out/run" --format json -o "$out/report.json" || status=1
+"$PY" -m iolens report "$out/run" > "$out/report.txt" || status=1
+"$PY" -m iolens report "$out/run" --format html -o "$out/report.html" || status=1
+"$PY" -m iolens top --once --interval 0.5 > "$out/top.txt" 2>&1 || status=1
+grep -q "GPU" "$out/top.txt" || { echo "gpu-check: no GPU in iolens top"; status=1; }
 "$PY" -m iolens iostat -x 1 2 > "$out/iostat.txt" 2>&1 || true
 echo "gpu-check: exit $status"
 exit "$status"
