@@ -139,10 +139,10 @@ def test_real_nvml_reads_each_gpu() -> None:
 TRAIN_ON_GPU = textwrap.dedent("""
     import time, torch
     from torch.utils.data import DataLoader, TensorDataset
-    data = TensorDataset(torch.randn(4096, 1024), torch.randint(0, 10, (4096,)))
-    loader = DataLoader(data, batch_size=256, shuffle=True, num_workers=2, pin_memory=True)
-    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)],
-                                torch.nn.Linear(1024, 10)).cuda()
+    data = TensorDataset(torch.randn(4096, 4096), torch.randint(0, 10, (4096,)))
+    loader = DataLoader(data, batch_size=1024, shuffle=True, num_workers=2, pin_memory=True)
+    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)],
+                                torch.nn.Linear(4096, 10)).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     end = time.monotonic() + {seconds}
     epochs = 0

@@ -139,8 +139,9 @@ def test_existing_sitecustomize_still_runs(tmp_path: Path, script: Path) -> None
     site.mkdir()
     (site / "sitecustomize.py").write_text(
         f"open({str(tmp_path / 'user-site-ran')!r}, 'w').write('yes')\n")
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
     out = iolens_run(tmp_path, "--out", "run", "--", sys.executable, str(script), "0",
-                     env={"PYTHONPATH": str(site)})
+                     env={"PYTHONPATH": path})
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "user-site-ran").read_text() == "yes"
     assert sum(r["train"]["batches"] for r in records(tmp_path / "run")) == 12

@@ -318,3 +318,11 @@ def test_load_run_errors(tmp_path: Path) -> None:
         load_run(str(tmp_path / "nope"))
     with pytest.raises(IolensError, match="not a run directory"):
         load_run(str(tmp_path))
+
+
+def test_declared_workers_count_when_none_was_sampled() -> None:
+    records = run_of(wait=0.03, workers=0)
+    records[0]["train"]["num_workers"] = 2  # the loaders asked for 2 workers
+    v = diagnose(records, META)
+    assert v.cls == "loader-starved"
+    assert v.evidence[0].startswith("2 DataLoader workers asked for, none seen at work")

@@ -431,6 +431,9 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
     ceiling = _ceiling(share)
     job_read, _ = _job_bytes(win)
     workers, worker_cpu = _workers(win)
+    declared = max((int(_num(_train(r), "num_workers")) for r in timed), default=0)
+    unseen = workers == 0 and declared > 0  # short-lived workers between two samples
+    workers = max(workers, declared) if unseen else workers
     idle = _machine_idle(win)
     cpus = int(meta.get("cpus") or 0)
     # storage: the busiest device the job's reads make up, saturated or slow
@@ -509,7 +512,11 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
             if workers else "the CPUs are busy", ceiling))
     else:
         v.cls = "loader-starved"
-        if workers:
+        if unseen:
+            v.evidence.append(f"{workers} DataLoader workers asked for, none seen at work in "
+                              f"the samples (each lives shorter than an interval), the "
+                              f"storage not saturated{when}")
+        elif workers:
             v.evidence.append(f"{workers} DataLoader workers at {worker_cpu:.0f}% of a core "
                               f"each, the storage not saturated{when}")
         else:

@@ -44,6 +44,8 @@ class TrainingAggregator:
     steps: list[int] = field(default_factory=list)
     marks: list[int] = field(default_factory=list)
     epochs: int = 0
+    num_workers: int = 0
+    """The most DataLoader workers a loader that started an epoch asked for."""
     epoch_start_waits: list[int] = field(default_factory=list)
     worker_pids: dict[int, int] = field(default_factory=dict)
     """Worker pid -> worker id, as the loaders reported them."""
@@ -70,6 +72,7 @@ class TrainingAggregator:
                 self._streams.setdefault(key, _Stream()).last_end = a
                 self._epoch_pending.add(key)
                 self.epochs += 1
+                self.num_workers = max(self.num_workers, b)
             elif rtype == records.STEP:
                 last = self._last_mark.get(pid)
                 if last is not None:
@@ -93,7 +96,10 @@ class TrainingAggregator:
                                   if self.steps and step_sum > 0 else None)
         if self.epoch_start_waits:
             out["epoch_start_wait"] = distribution(self.epoch_start_waits)
+        if self.epochs:
+            out["num_workers"] = self.num_workers
         self.waits, self.steps, self.marks, self.epochs = [], [], [], 0
+        self.num_workers = 0
         self.epoch_start_waits = []
         return out
 
