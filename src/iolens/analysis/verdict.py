@@ -20,6 +20,7 @@ A run with no timed batches gets the class ``no-steps`` with the reason.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -572,7 +573,10 @@ def _write_episodes(records: Sequence[dict[str, Any]], name: str) -> list[list[i
     current: list[int] = []
     for i, r in enumerate(records):
         d = (r.get("devices") or {}).get(name)
-        hit = (isinstance(d, dict) and _num(d, "util") >= rules.UTIL_SATURATED
+        # A bucket of a long run (iolens.analysis.longrun) is saturated if any of its
+        # intervals was: a checkpoint's seconds would vanish in the bucket's mean.
+        util = "util_max" if isinstance(d, dict) and "util_max" in d else "util"
+        hit = (isinstance(d, dict) and _num(d, util) >= rules.UTIL_SATURATED
                and _num(d, "wkB_s") > 0 and _num(d, "wkB_s") >= _num(d, "rkB_s"))
         if hit:
             current.append(i)
@@ -602,6 +606,7 @@ def _write_stall(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, An
         return None
     typical = statistics.median(p50s)
     best: tuple[float, str, list[dict[str, Any]], list[dict[str, Any]]] | None = None
+    ends = [_end(r) for r in records]
     for name in _device_names(records):
         excess = 0.0
         saturated: list[dict[str, Any]] = []
@@ -611,8 +616,8 @@ def _write_stall(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, An
             start = _end(ep_recs[0]) - _secs(ep_recs[0])
             dev_w = sum(_num((r.get("devices") or {}).get(name) or {}, "wkB_s") * 1024 * _secs(r)
                         for r in ep_recs)
-            window = [r for r in records[: ep[-1] + 1]
-                      if _end(r) > start - rules.WRITE_LOOKBACK_S]
+            window = records[bisect.bisect_right(ends, start - rules.WRITE_LOOKBACK_S):
+                             ep[-1] + 1]
             _, job_w = _job_bytes(window)
             if dev_w <= 0 or job_w / dev_w < rules.JOB_SHARE_OWN:
                 continue

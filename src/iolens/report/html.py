@@ -95,12 +95,22 @@ class Bucketer:
         self.hi: list[list[float | None]] = [[] for _ in range(width)]
         self._times: list[float] = []
         self._cur: list[list[float]] = [[] for _ in range(width)]
+        self._cur_lo: list[list[float]] = [[] for _ in range(width)]
+        self._cur_hi: list[list[float]] = [[] for _ in range(width)]
 
-    def add(self, t: float, values: Sequence[float | None]) -> None:
+    def add(self, t: float, values: Sequence[float | None],
+            lows: Sequence[float | None] | None = None,
+            highs: Sequence[float | None] | None = None) -> None:
+        """One interval; ``lows`` and ``highs``, where given, are its own extremes (a
+        bucket of a long run, iolens.analysis.longrun), else its value is both."""
         self._times.append(t)
-        for cur, v in zip(self._cur, values, strict=True):
+        for i, v in enumerate(values):
             if v is not None:
-                cur.append(v)
+                self._cur[i].append(v)
+                lo = lows[i] if lows is not None else None
+                hi = highs[i] if highs is not None else None
+                self._cur_lo[i].append(v if lo is None else lo)
+                self._cur_hi[i].append(v if hi is None else hi)
         if len(self._times) >= self.size:
             self._flush()
 
@@ -112,9 +122,9 @@ class Bucketer:
         for i, cur in enumerate(self._cur):
             if cur:
                 self.mean[i].append(math.fsum(cur) / len(cur))
-                self.lo[i].append(min(cur))
-                self.hi[i].append(max(cur))
-                self._cur[i] = []
+                self.lo[i].append(min(self._cur_lo[i]))
+                self.hi[i].append(max(self._cur_hi[i]))
+                self._cur[i], self._cur_lo[i], self._cur_hi[i] = [], [], []
             else:
                 self.mean[i].append(None)
                 self.lo[i].append(None)
@@ -159,6 +169,15 @@ def _d(v: Any) -> dict[str, Any]:
 
 
 def _leaf(key: str, scale: float = 1.0) -> Callable[[dict[str, Any]], float | None]:
+    def get(d: dict[str, Any]) -> float | None:
+        v = _num(d.get(key))
+        return v * scale if v is not None else None
+    get.extremes = (_leaf_only(key + "_min", scale),  # type: ignore[attr-defined]
+                    _leaf_only(key + "_max", scale))
+    return get
+
+
+def _leaf_only(key: str, scale: float) -> Callable[[dict[str, Any]], float | None]:
     def get(d: dict[str, Any]) -> float | None:
         v = _num(d.get(key))
         return v * scale if v is not None else None
@@ -339,14 +358,22 @@ def chart_data(records: Sequence[dict[str, Any]], gpu_names: dict[int, str] | No
     size = bucket_size(len(recs), max_points)
     b = Bucketer(width, size)
     row: list[float | None] = [None] * width
+    lows: list[float | None] = [None] * width
+    highs: list[float | None] = [None] * width
     for rec in recs:
         i = 0
+        merged = "merged" in rec  # a bucket of a long run carries its own extremes
         for g in groups:
             part = g.part(rec)
             for s in g.series:
                 row[i] = s.get(part) if part else None
+                ext = getattr(s.get, "extremes", None) if merged and part else None
+                lows[i], highs[i] = (ext[0](part), ext[1](part)) if ext else (None, None)
                 i += 1
-        b.add(float(rec["elapsed_s"]), row)
+        if merged:
+            b.add(float(rec["elapsed_s"]), row, lows, highs)
+        else:
+            b.add(float(rec["elapsed_s"]), row)
     sampled = b.finish()
     lo = hi = 0.0
     if recs:

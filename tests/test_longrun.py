@@ -1,0 +1,119 @@
+"""Long runs read as time buckets: the same verdict and figures, extremes kept, in parallel."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from iolens.analysis import longrun
+from iolens.analysis.longrun import Bucket, bucket_seconds, fold_records
+from iolens.analysis.rundata import load_run
+from iolens.analysis.verdict import diagnose
+from iolens.report.build import build_report
+from tests.test_verdict import META, SLOW_LOOP, dev, rec
+
+
+def write(folder: Path, records: list[dict[str, Any]], tail: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "records.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in records) + tail)
+    (folder / "meta.json").write_text(json.dumps({**META, "interval_s": 1.0}))
+    return folder
+
+
+def slow_run(n: int) -> list[dict[str, Any]]:
+    out = [rec(i, wait=0.09, devices=copy.deepcopy(SLOW_LOOP), job_read=112 * 64 * 1024,
+               worker_rchar=112 * 64 * 1024 * 1.1) for i in range(n)]
+    out[123]["devices"]["loop0"]["util"] = 100.0  # one spike among 97s
+    out[321]["devices"]["vda"]["r_await"] = 250.0
+    return out
+
+
+def test_a_bucket_keeps_sums_means_and_extremes() -> None:
+    b = Bucket()
+    for i in range(10):
+        b.add(rec(i, wait=0.01 * (i + 1), step=0.1,
+                  devices={"sda": dev(util=10.0 * i, r_s=100, rkb=6400, r_await=1.0 + i)}))
+    r = b.record()
+    assert r["merged"] == 10 and r["interval_s"] == 10.0 and r["elapsed_s"] == 10.0
+    sda = r["devices"]["sda"]
+    assert sda["util"] == pytest.approx(45.0)
+    assert (sda["util_min"], sda["util_max"]) == (0.0, 90.0)
+    assert sda["r_await"] == pytest.approx(5.5)  # weighted by reads, all equal here
+    assert sda["r_await_max"] == 10.0
+    tr = r["train"]
+    assert tr["batches"] == 100 and tr["step_source"] == "dataloader"
+    assert tr["data_wait"]["sum_s"] == pytest.approx(sum(0.01 * (i + 1) * 10 for i in range(10)))
+    assert tr["data_wait"]["max_s"] == pytest.approx(0.1)
+    assert tr["data_wait_share"] == pytest.approx(0.55 / 1.0)
+    assert r["job"]["roles"]["worker"]["pids"] == 2
+
+
+def test_buckets_merge_as_if_folded_at_once() -> None:
+    records = slow_run(400)
+    whole = Bucket()
+    for r in records:
+        whole.add(r)
+    a, b = Bucket(), Bucket()
+    for r in records[:170]:
+        a.add(r)
+    for r in records[170:]:
+        b.add(r)
+    b.merge(a)  # the later half first: order of merging does not matter
+    assert close(b.record(), whole.record())
+
+
+def test_a_long_run_reads_as_buckets_with_the_same_verdict(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    records = slow_run(2000)
+    run = write(tmp_path / "run", records, tail="not json\n")
+    detailed = load_run(str(run), max_records=None)
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 100)
+    long = load_run(str(run), max_records=500)
+    assert long.bucket_s == bucket_seconds(2000, 1.0) == 20.0
+    assert len(long.records) == 101 and long.records[0]["merged"] == 19  # 1-19 s
+    assert len(detailed.records) == 2000
+    assert long.notes[0].startswith("a long run: its 2001 intervals are read as")
+    assert "1 line(s) of records.jsonl were not valid records" in long.notes[1]
+    v1, v2 = diagnose(detailed.records, detailed.meta), diagnose(long.records, long.meta)
+    assert (v1.cls, v1.devices) == (v2.cls, v2.devices) == ("storage-bound", ["loop0"])
+    assert v1.data_wait_share == pytest.approx(v2.data_wait_share or 0)
+    r1, r2 = build_report(detailed), build_report(long)
+    assert r1["training"]["batches"] == r2["training"]["batches"] == 20_000
+    assert r2["devices"]["loop0"]["util_pct"] == pytest.approx(r1["devices"]["loop0"]["util_pct"])
+
+
+def test_coarse_buckets_keep_the_spikes(tmp_path: Path) -> None:
+    run = write(tmp_path / "run", slow_run(2000))
+    folded = fold_records(str(run / "records.jsonl"), 100.0, jobs=1)
+    assert len(folded.buckets) == 21  # 0-99, 100-199, ..., and the last record at 2000 s
+    spike = folded.buckets[1].record()  # holds the interval that ended at 124 s
+    assert spike["devices"]["loop0"]["util_max"] == 100.0
+    assert spike["devices"]["loop0"]["util"] < 98
+    assert folded.buckets[3].record()["devices"]["vda"]["r_await_max"] == 250.0
+
+
+def test_parallel_folding_gives_the_same_buckets(tmp_path: Path) -> None:
+    run = write(tmp_path / "run", slow_run(3000))
+    path = str(run / "records.jsonl")
+    one = fold_records(path, 60.0, jobs=1)
+    two = fold_records(path, 60.0, jobs=2)
+    assert one.lines == two.lines == 3000
+    assert sorted(one.buckets) == sorted(two.buckets)
+    for k in one.buckets:  # the same up to the order of floating-point additions
+        assert close(one.buckets[k].record(), two.buckets[k].record()), k
+
+
+def close(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) or isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+    return bool(a == b)
