@@ -36,7 +36,7 @@ from iolens.recorder.rundir import SCHEMA_VERSION
 
 LONG_RUN_RECORDS = 50_000
 """More records than this (14 hours at 1 s) are read as buckets."""
-TARGET_BUCKETS = 20_000
+TARGET_BUCKETS = 10_000
 """About this many buckets per run: enough for any chart or verdict window."""
 
 _DEV_MEAN = ("util", "r_s", "rkB_s", "rrqm_s", "w_s", "wkB_s", "wrqm_s", "d_s", "f_s", "aqu_sz")
