@@ -236,3 +236,18 @@ def test_log_disk_usage_names_unknown_devices(tmp_path: Path) -> None:
         iolens.log_disk_usage(tmp_path / "x.log", "no_such_disk")
     with pytest.raises(ValueError, match="positive"):
         iolens.log_disk_usage(tmp_path / "x.log", interval=0)
+
+
+def test_a_nested_monitor_records_nothing_twice(tmp_path: Path) -> None:
+    code = textwrap.dedent("""
+        import sys, iolens
+        with iolens.monitor(out=sys.argv[1], interval=0.2) as outer:
+            with iolens.monitor(interval=0.2) as inner:
+                pass
+        print("INNER", inner.run_dir, inner.active)
+    """)
+    out = run_script(tmp_path, code, str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr
+    assert "already recorded by another monitor()" in out.stderr
+    assert f"INNER {tmp_path / 'run'} False" in out.stdout
+    assert not (tmp_path / "iolens-runs").exists()

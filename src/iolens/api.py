@@ -73,9 +73,14 @@ class Monitor:
         if self.active:
             return self
         outer = os.environ.get("IOLENS_RUN_DIR")
-        if outer and _hooks.writer() is not None:
-            self.run_dir = outer
-            self._say(f"this process is already recorded by iolens run into {outer}; "
+        current = _hooks.writer()
+        if outer or current is not None:
+            # Under iolens run (even with --no-instrument) or inside another monitor():
+            # one recording per process.
+            where = outer or (os.path.dirname(current.directory) if current else "")
+            self.run_dir = where
+            by = "iolens run" if outer else "another monitor()"
+            self._say(f"this process is already recorded by {by} into {where}; "
                       "monitor() adds nothing")
             return self
         argv = sys.argv if sys.argv and sys.argv[0] else [sys.executable]

@@ -209,6 +209,116 @@ class TimedIterator:
         return len(self._it)
 
 
+def times_batches_of(loader: Any) -> bool:
+    """Whether ``loader``'s batches are timed into a recording already.
+
+    True when timing is on and ``loader`` is a torch DataLoader with the
+    patch in place, a loader wrapped by ``iolens.instrument()``, or a list,
+    tuple or dict of them (a framework may hold several). ``None`` (a loader
+    the caller cannot name) counts as a DataLoader: nearly every training
+    loop uses one.
+    """
+    if _writer is None:
+        return False
+    candidates = [getattr(sys.modules.get("iolens.api"), "InstrumentedLoader", None)]
+    if _patched:
+        candidates.append(getattr(sys.modules.get(_DataLoaderFinder.TARGET), "DataLoader", None))
+    timed = tuple(c for c in candidates if isinstance(c, type))
+    if not timed:
+        return False
+    if loader is None:
+        return _patched
+    stack, seen = [loader], 0
+    while stack and seen < 64:  # (a bound: the first 64 tell)
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif not isinstance(item, timed):
+            return False
+    return True
+
+
+class LoopTimer:
+    """Times a training loop from a framework's own hooks (the Lightning and HF callbacks).
+
+    Call :meth:`begin` when a step starts (its batch in hand) and :meth:`end`
+    when it is done, and again after anything else that runs between steps
+    but is not fetching data (validation, logging, checkpoints). A step's
+    *data wait* runs from the last ``end()`` to its ``begin()``; the *step*
+    from one ``begin()`` to the next (from :meth:`epoch` for an epoch's
+    first), as the sidecar reckons the DataLoader patch's batches.
+
+    The running totals (``batches``, ``wait_ns``, ``step_ns``) serve the
+    callbacks' own figures. Records go to the recording only after
+    :meth:`arm` found timing on and no DataLoader patch timing the same
+    batches, so that none is counted twice. Per step: two clock reads, a few
+    integer additions and, when recording, one array extend and one compare.
+    """
+
+    __slots__ = ("__weakref__", "_kind", "_last_begin", "_last_end", "_tag", "batches",
+                 "recording", "step_ns", "wait_ns")
+
+    def __init__(self) -> None:
+        t = _now()
+        self.batches = 0
+        self.wait_ns = 0
+        self.step_ns = 0
+        self.recording = False
+        """Whether :meth:`begin` writes batch records (see :meth:`arm`)."""
+        self._tag = 0
+        self._kind = records.BATCH
+        self._last_begin = t
+        self._last_end = t
+
+    def arm(self, loader: Any = None) -> bool:
+        """Decide whether the steps go to the recording; returns that decision.
+
+        Yes when timing is on in this process and nothing times ``loader``
+        already (see :func:`times_batches_of`): then the steps are this
+        loop's only timing. Call it whenever the loader or the recording
+        may have changed (each epoch).
+        """
+        try:
+            self.recording = _writer is not None and not times_batches_of(loader)
+            if self.recording and not self._tag:
+                self._tag = _tag_for(self)
+                self._kind = records.BATCH | (self._tag << records.TAG_SHIFT)
+        except Exception:  # noqa: BLE001 - see NOTE [never hurt the job]
+            self.recording = False
+        return self.recording
+
+    def epoch(self, num_workers: int = 0) -> None:
+        """An epoch starts now: its first step's wait and time count from here."""
+        t = _now()
+        self._last_begin = self._last_end = t
+        w = _writer
+        if self.recording and w is not None:
+            w.buf.extend((records.EPOCH | (self._tag << records.TAG_SHIFT), t, num_workers))
+
+    def begin(self) -> None:
+        """A step starts: its batch is in hand."""
+        t = _now()
+        end = self._last_end
+        if end < self._last_begin:
+            end = t  # no end() since the last step began: nothing known to be data wait
+        self.batches += 1
+        self.wait_ns += t - end
+        self.step_ns += t - self._last_begin
+        self._last_begin = t
+        w = _writer
+        if self.recording and w is not None:
+            w.buf.extend((self._kind, end, t))
+            if t - w.last_flush > w.flush_ns:
+                w.flush(t)
+
+    def end(self) -> None:
+        """A step (or validation, logging, a checkpoint between steps) is done."""
+        self._last_end = _now()
+
+
 def patch_dataloader(module: ModuleType) -> None:
     """Wrap ``_BaseDataLoaderIter.__next__`` and ``DataLoader.__iter__`` of torch's dataloader."""
     global _patched
