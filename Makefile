@@ -36,6 +36,7 @@ bench: setup
 	$(BIN)/python bench/bench_batch.py --out bench/RESULTS.md
 	$(BIN)/python bench/bench_run.py --out bench/RESULTS.md
 	$(BIN)/python bench/bench_report.py --out bench/RESULTS.md
+	$(BIN)/python bench/bench_exporter.py --out bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 
 from iolens.recorder.run import RunOptions
 from iolens.recorder.run import run as run_job
 from iolens.recorder.rundir import RECORDS, default_run_dir
+from iolens.sinks.base import SinkError
 from iolens.sources.disk import DiskSampler
 
 _EPILOG = """\
@@ -30,11 +32,22 @@ Recorded into the run directory:
                   (NVML), and the loop's data wait and step time (count, sum, max,
                   p50, p95)
   timing/         the training processes' raw per-batch records
+Every record carries its time twice: `time` (RFC 3339) and `t` (Unix epoch seconds).
+
+Other outputs, while the job runs (each opened before the job starts: a
+port in use, a bad path or a missing package is an error and the job is
+not started; a failure later drops that output with a note in meta.json
+and a warning, and the job runs on):
+  --prometheus [HOST:]PORT  serve /metrics for Prometheus (HOST defaults to 127.0.0.1;
+                            0.0.0.0 listens on every interface); needs prometheus-client
+  --csv FILE                one row per interval, fixed header (see the README)
+  --tensorboard DIR         key figures as TensorBoard scalars, step = record seq
 
 examples:
   iolens run -- python train.py --epochs 3
   iolens run --path /data/imagenet --interval 0.5 -- torchrun --nproc-per-node 2 train.py
   iolens run --out runs/baseline --device nvme1n1 -- python train.py
+  iolens run --prometheus 9478 --csv run.csv -- python train.py
 """
 
 
@@ -42,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``iolens run``."""
     p = argparse.ArgumentParser(
         prog="iolens run",
-        usage="iolens run [--out DIR] [--interval S] [--path P ...] [--device D ...] -- CMD ...",
+        usage="iolens run [--out DIR] [--interval S] [--path P ...] [--device D ...] "
+              "[--prometheus [HOST:]PORT] [--job NAME] [--csv FILE] [--tensorboard DIR] "
+              "-- CMD ...",
         description="Run CMD and record, every interval, the disks, the job's processes and "
                     "how long its training loop waits for data.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,6 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also watch block device D, e.g. nvme0n1 (repeatable)")
     p.add_argument("--no-instrument", dest="instrument", action="store_false",
                    help="do not time the DataLoader inside the job")
+    p.add_argument("--prometheus", metavar="[HOST:]PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics while the job "
+                        "runs (HOST 127.0.0.1 unless given; port 0 picks a free one)")
+    p.add_argument("--job", metavar="NAME",
+                   help="the job label of the Prometheus metrics (default: the run "
+                        "directory's name)")
+    p.add_argument("--csv", metavar="FILE",
+                   help="also write one CSV row per interval into FILE (replaced)")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="also write the key figures as TensorBoard scalars into DIR")
     live = p.add_mutually_exclusive_group()
     live.add_argument("--live", dest="live", action="store_const", const=True, default=None,
                       help="draw the full-screen live view on stderr's terminal even when the "
@@ -106,9 +131,29 @@ def run(ns: argparse.Namespace) -> int:
             if known and d not in known:
                 p.error(f"unknown device {d!r}; devices reported by the kernel: "
                         f"{', '.join(sorted(known))}")
+    if ns.prometheus is not None:
+        from iolens.sinks.prometheus import parse_listen  # noqa: PLC0415 - only when asked for
+
+        try:
+            parse_listen(ns.prometheus)
+        except ValueError as exc:
+            p.error(f"--prometheus {exc}")
+    elif ns.job is not None:
+        p.error("--job names the Prometheus metrics' job: it needs --prometheus")
+    for flag, value in (("--csv", ns.csv), ("--tensorboard", ns.tensorboard), ("--job", ns.job)):
+        if value is not None and not value.strip():
+            p.error(f"{flag} needs a value")
     out = ns.out or default_run_dir("iolens-runs", command)
     if os.path.exists(os.path.join(out, RECORDS)):
         p.error(f"--out {out} already holds a run; choose another folder")
-    return run_job(RunOptions(command=command, out=out, interval=ns.interval, paths=ns.path,
-                              devices=ns.device, proc_root=ns.proc_root, sys_root=ns.sys_root,
-                              instrument=ns.instrument, quiet=ns.quiet, live=ns.live))
+    opts = RunOptions(command=command, out=out, interval=ns.interval, paths=ns.path,
+                      devices=ns.device, proc_root=ns.proc_root, sys_root=ns.sys_root,
+                      instrument=ns.instrument, quiet=ns.quiet, live=ns.live,
+                      prometheus=ns.prometheus, job=ns.job, csv=ns.csv,
+                      tensorboard=ns.tensorboard)
+    try:
+        return run_job(opts)
+    except SinkError as exc:
+        # NOTE [outputs fail before the job starts] in iolens/recorder/run.py: one line, exit 2.
+        print(f"iolens run: error: {exc}; the job was not started", file=sys.stderr)
+        return 2

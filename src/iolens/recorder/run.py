@@ -16,6 +16,7 @@ import os
 import select
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import iolens
 from iolens.analysis.verdict import diagnose, verdict_lines
@@ -32,7 +33,12 @@ from iolens.live.view import LiveView, is_terminal
 from iolens.recorder.rundir import RECORDS, RunDir, rfc3339
 from iolens.recorder.sampler import Recorder
 from iolens.recorder.summary import summarize, summary_lines
+from iolens.sinks.base import CallbackSink, FanOut, Sink
+from iolens.sinks.state import LiveTotals, job_rank
 from iolens.sources.devmap import device_for_path
+
+if TYPE_CHECKING:
+    from iolens.sinks.prometheus import Exporter
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -53,6 +59,73 @@ class RunOptions:
     live: bool | None = None
     """The live view: True draws it, False never, None when stderr is a terminal that
     the job's stdout does not share (NOTE [live view] in iolens/live/view.py)."""
+    prometheus: str | None = None
+    """``[HOST:]PORT`` to serve Prometheus metrics on while the job runs; None for none."""
+    job: str | None = None
+    """The ``job`` label of the metrics; None: the run directory's name."""
+    csv: str | None = None
+    """A CSV file to write one row per interval into; None for none."""
+    tensorboard: str | None = None
+    """A TensorBoard log directory for the key figures as scalars; None for none."""
+
+
+@dataclass
+class Outputs:
+    """What a run feeds besides its run directory, opened before the job starts."""
+
+    sinks: list[tuple[str, Sink]] = field(default_factory=list)
+    """Record sinks by the name notes use for them (``--csv FILE``)."""
+    totals: LiveTotals | None = None
+    """The cumulative state the Prometheus endpoint serves."""
+    exporter: Exporter | None = None
+
+    def close(self) -> None:
+        """Stop the endpoint (the sinks are closed through the fan-out)."""
+        if self.exporter is not None:
+            self.exporter.close()
+
+
+def open_outputs(opts: RunOptions, watch: dict[str, str],
+                 note: Callable[[str], None]) -> Outputs:
+    """Bind the Prometheus endpoint and open the sinks, before the job starts.
+
+    NOTE [outputs fail before the job starts]: a port in use, a bad path or
+    a missing package raises :class:`iolens.IolensError` (SinkError,
+    ExporterError) with one line saying why, and nothing has started yet:
+    the user fixes the command line rather than losing the endpoint or the
+    file of a long run. Once the job runs, a sink that fails is dropped and
+    noted (NOTE [a sink never hurts the job] in iolens/sinks/base.py).
+    """
+    out = Outputs()
+    try:
+        if opts.prometheus is not None:
+            from iolens.sinks.prometheus import (  # noqa: PLC0415 - optional dependency
+                ExportLabels,
+                start_exporter,
+            )
+
+            rank = job_rank()
+            out.totals = LiveTotals(rank=rank, interval=opts.interval, proc_root=opts.proc_root)
+            job = opts.job or os.path.basename(os.path.normpath(opts.out)) or "iolens"
+            out.exporter = start_exporter(
+                opts.prometheus, out.totals.latest, ExportLabels(socket.gethostname(), job, rank),
+                {"cpus": os.cpu_count(), "instrumented": opts.instrument})
+        if opts.csv is not None:
+            from iolens.sinks.csvfile import CsvSink  # noqa: PLC0415 - only when asked for
+
+            out.sinks.append((f"--csv {opts.csv}", CsvSink(opts.csv, list(watch), note)))
+        if opts.tensorboard is not None:
+            from iolens.sinks.tensorboard import TensorBoardSink  # noqa: PLC0415 - imports torch
+
+            out.sinks.append((f"--tensorboard {opts.tensorboard}",
+                              TensorBoardSink(opts.tensorboard)))
+    except BaseException:
+        for _, sink in out.sinks:
+            with contextlib.suppress(Exception):
+                sink.close()
+        out.close()
+        raise
+    return out
 
 
 def initial_watch(paths: list[str], devices: list[str], proc_root: str = "/proc",
@@ -97,21 +170,47 @@ def _say(opts: RunOptions, msg: str) -> None:
 
 
 def run(opts: RunOptions) -> int:
-    """Run the job under the recorder; returns the job's exit code."""
-    try:
-        run_dir = RunDir(opts.out)
-    except OSError as exc:
-        # NOTE [never hurt the job]: an unwritable --out must not stop the training.
-        fallback = tempfile.mkdtemp(prefix="iolens-run-")
-        _say(opts, f"cannot create {opts.out} ({exc.strerror or exc}); recording to {fallback}")
-        run_dir = RunDir(fallback)
+    """Run the job under the recorder; returns the job's exit code.
+
+    Raises :class:`iolens.IolensError` before starting anything when an
+    output cannot be opened (NOTE [outputs fail before the job starts]).
+    """
     watch, notes = initial_watch(opts.paths, opts.devices, opts.proc_root, opts.sys_root)
-    env = child_env(run_dir.path, opts.interval, opts.instrument)
+    view: LiveView | None = None
+    deferred: list[str] = []
+
+    def warn(message: str) -> None:
+        if view is not None and view.active:
+            deferred.append(message)  # printed once the view has left the screen
+        else:
+            _say(opts, f"warning: {message}")
+
+    fan = FanOut(notes, warn)
+    outputs = open_outputs(opts, watch, fan.note)
+    for name, sink in outputs.sinks:
+        fan.add(name, sink)
     try:
-        child = subprocess.Popen(opts.command, env=env)
-    except OSError as exc:
-        run_dir.close()
-        raise FileNotFoundError(f"cannot start {opts.command[0]!r}: {exc.strerror or exc}") from exc
+        try:
+            run_dir = RunDir(opts.out)
+        except OSError as exc:
+            # NOTE [never hurt the job]: an unwritable --out must not stop the training.
+            fallback = tempfile.mkdtemp(prefix="iolens-run-")
+            _say(opts, f"cannot create {opts.out} ({exc.strerror or exc}); recording to "
+                       f"{fallback}")
+            run_dir = RunDir(fallback)
+        env = child_env(run_dir.path, opts.interval, opts.instrument)
+        try:
+            child = subprocess.Popen(opts.command, env=env)
+        except OSError as exc:
+            run_dir.close()
+            raise FileNotFoundError(f"cannot start {opts.command[0]!r}: "
+                                    f"{exc.strerror or exc}") from exc
+    except BaseException:
+        fan.close()
+        outputs.close()
+        raise
+    if outputs.exporter is not None:
+        _say(opts, f"Prometheus metrics at {outputs.exporter.url}")
 
     stopped_by: list[int] = []
     tty_group = _child_shares_terminal()
@@ -126,15 +225,18 @@ def run(opts: RunOptions) -> int:
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, *_FORWARDED)}
     recorder: Recorder | None = None
-    view: LiveView | None = None
     rc: int | None = None
+    outputs_meta = {"outputs": _outputs_meta(opts, outputs)}
     try:
         try:
             recorder = Recorder(run_dir, child.pid, opts.interval, watch,
-                                proc_root=opts.proc_root, sys_root=opts.sys_root)
-            recorder.notes.extend(notes)
+                                proc_root=opts.proc_root, sys_root=opts.sys_root,
+                                totals=outputs.totals)
+            # One list of notes: the recorder's, the watch's and the sinks' (meta.json).
+            recorder.notes.extend(fan.notes)
+            fan.notes = recorder.notes
             meta = recorder.base_meta(opts.command, {"instrumented": opts.instrument,
-                                                     "notes": recorder.notes})
+                                                     **outputs_meta, "notes": recorder.notes})
             run_dir.write_meta(meta)
             watched = ", ".join(f"{d} ({why})" for d, why in watch.items()) or "no device"
             _say(opts, f"recording to {run_dir.path} every {opts.interval:g} s; watching "
@@ -144,10 +246,10 @@ def run(opts: RunOptions) -> int:
 
             if _want_live(opts):
                 view = _live_view(opts, recorder, run_dir, child.pid)
-            recorder.loop(wait, on_record=view.update if view is not None else None)
-            if view is not None:
-                view.stop()  # before anything else is printed
-            recorder.sample()  # the last, partial interval
+                fan.add(_VIEW, CallbackSink(view.update, view.stop))
+            recorder.loop(wait, on_record=fan if fan.names else None)
+            fan.close(_VIEW)  # the view leaves the screen before anything else is printed
+            fan(recorder.sample())  # the last, partial interval
         except Exception as exc:  # noqa: BLE001 - NOTE [never hurt the job] in sampler.py
             if view is not None:
                 view.stop()
@@ -162,11 +264,29 @@ def run(opts: RunOptions) -> int:
             signal.signal(s, h)
         if rc is None:  # interrupted before the job ended: do not orphan it silently
             rc = child.wait()
+        fan.close()
+        outputs.close()
+    for message in deferred:
+        _say(opts, f"warning: {message}")
     if view is not None and view.error is not None:
         _say(opts, view.error)
     code = exit_code(rc)
-    _finish(opts, run_dir, recorder, code=code, rc=rc, stopped_by=stopped_by)
+    _finish(opts, run_dir, recorder, code=code, rc=rc, stopped_by=stopped_by,
+            extra=outputs_meta)
     return code
+
+
+_VIEW = "the live view"
+
+
+def _outputs_meta(opts: RunOptions, outputs: Outputs) -> dict[str, Any]:
+    """Where the run's other outputs went, for meta.json."""
+    return {
+        "prometheus": outputs.exporter.url if outputs.exporter is not None else None,
+        "csv": os.path.abspath(opts.csv) if opts.csv is not None else None,
+        "tensorboard": (os.path.abspath(opts.tensorboard) if opts.tensorboard is not None
+                        else None),
+    }
 
 
 def _exit_waiter(child: subprocess.Popen[bytes]) -> Callable[[float], bool]:
@@ -229,9 +349,10 @@ def _child_shares_terminal() -> bool:
 
 
 def _finish(opts: RunOptions, run_dir: RunDir, recorder: Recorder | None, *, code: int,
-            rc: int, stopped_by: list[int]) -> None:
+            rc: int, stopped_by: list[int], extra: dict[str, Any]) -> None:
     summary = finish_run(run_dir, recorder, opts.command, {
         "instrumented": opts.instrument,
+        **extra,
         "exit_code": code,
         "signal": -rc if rc < 0 else None,
         "signals_received": [signal.Signals(s).name for s in stopped_by],
