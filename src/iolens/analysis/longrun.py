@@ -143,6 +143,8 @@ class Bucket:
     marks: _Dist = field(default_factory=_Dist)
     epoch_start: _Dist = field(default_factory=_Dist)
     loader_steps: bool = False
+    ranks: dict[str, list[float]] = field(default_factory=dict)
+    world: int = 0
     gpu: dict[int, list[float]] = field(default_factory=dict)
     gpu_ext: dict[int, _Ext] = field(default_factory=dict)
 
@@ -280,6 +282,16 @@ class Bucket:
             esw = g("epoch_start_wait")
             if esw:
                 self.epoch_start.add(esw)
+            ranks = g("ranks")
+            if ranks:
+                for rank, d in ranks.items():
+                    a = self.ranks.get(rank)
+                    if a is None:
+                        a = self.ranks[rank] = [0.0, 0.0, 0.0, d.get("pid") or 0]
+                    a[0] += d.get("batches") or 0
+                    a[1] += d.get("data_wait_s") or 0.0
+                    a[2] += d.get("step_s") or 0.0
+                self.world = max(self.world, g("world_size") or 0)
         gpus = r.get("gpu")
         if gpus:
             for gd in gpus:
@@ -340,6 +352,13 @@ class Bucket:
         for acc, other in ((self.wait, o.wait), (self.step, o.step), (self.marks, o.marks),
                            (self.epoch_start, o.epoch_start)):
             acc.merge(other)
+        for rank, a in o.ranks.items():
+            have = self.ranks.get(rank)
+            if have is None:
+                self.ranks[rank] = a
+            else:
+                self.ranks[rank] = [have[0] + a[0], have[1] + a[1], have[2] + a[2], have[3]]
+        self.world = max(self.world, o.world)
         for idx, a in o.gpu.items():
             if idx in self.gpu:
                 m = self.gpu[idx]
@@ -408,6 +427,11 @@ class Bucket:
             train["epoch_start_wait"] = self.epoch_start.out()
         if self.epochs:
             train["num_workers"] = self.workers
+        if self.ranks:
+            train["ranks"] = {rank: {"pid": int(a[3]), "batches": int(a[0]),
+                                     "data_wait_s": a[1], "step_s": a[2]}
+                              for rank, a in self.ranks.items()}
+            train["world_size"] = self.world
         rec["train"] = train
         if self.gpu:
             gpus = []

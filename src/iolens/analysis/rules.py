@@ -82,3 +82,13 @@ EPOCH_START_RATIO = 5.0
 are started anew each epoch (no persistent_workers) or prefetch is empty."""
 EPOCH_START_SHARE = 0.02
 """... and those first batches add up to 2% of the step time or more."""
+
+# -- ranks -----------------------------------------------------------------------------
+STRAGGLER_GAP = 0.10
+"""In synchronous data-parallel training every rank waits for the slowest at each
+all-reduce, so one rank's input pipeline sets the pace. A rank whose data-wait
+share is 10 points above the other ranks' median ..."""
+STRAGGLER_RATIO = 2.0
+"""... and twice it, is the straggler (the others' own wait is their noise floor)."""
+STRAGGLER_MIN_BATCHES = 20
+"""Ranks with fewer timed batches than this are not compared."""

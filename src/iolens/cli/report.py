@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
+from typing import Any
 
 from iolens._errors import IolensError
 
@@ -36,6 +37,8 @@ html), 2 no run at RUN or bad options
 examples:
   iolens report iolens-runs/20261130-101500-train
   iolens report runs/baseline --format json -o baseline.json
+  iolens report runs/job-42/      # a folder of run directories, one per node: per-node and
+                                  # per-rank tables, and the straggler that holds the others back
   iolens report runs/baseline --format html          # writes runs/baseline/report.html
 """
 
@@ -88,6 +91,10 @@ def run(ns: argparse.Namespace) -> int:
         except IolensError as exc:
             print(f"iolens report: {exc}", file=sys.stderr)
             return 1
+    from iolens.report.multi import build_multi, is_run  # noqa: PLC0415
+
+    if os.path.isdir(ns.run) and not is_run(ns.run):
+        return _run_multi(ns, build_multi)
     try:
         data = load_run(ns.run)
     except IolensError as exc:
@@ -124,17 +131,45 @@ def run(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _render_text(report: dict[str, object], *, to_terminal: bool) -> str:
+def _run_multi(ns: argparse.Namespace, build: Any) -> int:
+    """The report over a folder of run directories (one per node)."""
+    if ns.format == "html":
+        print("iolens report: the HTML report shows one run; give one of the run directories "
+              f"in {ns.run}, or --format text or json for all of them", file=sys.stderr)
+        return 2
+    try:
+        report = build(ns.run)
+    except IolensError as exc:
+        print(f"iolens report: {exc}", file=sys.stderr)
+        return 2
+    if ns.format == "json":
+        text = json.dumps(report, indent=2, allow_nan=False) + "\n"
+    else:
+        text = _render_text(report, to_terminal=ns.output is None, multi=True)
+    try:
+        if ns.output:
+            _write_atomic(ns.output, text)
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except OSError as exc:
+        print(f"iolens report: cannot write {ns.output or 'standard output'}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _render_text(report: dict[str, object], *, to_terminal: bool, multi: bool = False) -> str:
     import io  # noqa: PLC0415
 
     from rich.console import Console  # noqa: PLC0415 - rich only for the text format
 
-    from iolens.report.text import print_report  # noqa: PLC0415
+    from iolens.report.text import print_multi, print_report  # noqa: PLC0415
 
     buf = io.StringIO()
     tty = to_terminal and sys.stdout.isatty()
     width = shutil.get_terminal_size().columns if tty else 120
     console = Console(file=buf, force_terminal=tty, width=width,
                       color_system="auto" if tty else None, highlight=False)
-    print_report(report, console)
+    (print_multi if multi else print_report)(report, console)
     return buf.getvalue()

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from iolens.analysis.rundata import RunData
-from iolens.analysis.verdict import device_load, diagnose
+from iolens.analysis.verdict import device_load, diagnose, rank_figures
 from iolens.training import records as trecords
 from iolens.training.timing import TimingReader, TrainingAggregator
 
@@ -111,6 +111,9 @@ def _training(run: RunData) -> dict[str, Any]:
                                            for d in ds], 0.95), 6),
                 "max_s": _r(max((float(d.get("max_s") or 0) for d in ds), default=0.0), 6),
             }
+    ranks = rank_figures(recs, run.meta.get("host"))
+    if ranks:
+        out["ranks"] = ranks
     step_sum = out["step"].get("sum_s") or 0
     out["steps_per_s"] = _r(out["step"]["count"] / step_sum) if step_sum else None
     return out

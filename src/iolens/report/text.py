@@ -142,7 +142,8 @@ def render(report: dict[str, Any]) -> RenderableType:
         f"{_f(run.get('interval_s'), 'g')} s"
         + (f", exit code {run['exit_code']}" if run.get("exit_code") is not None else "")))
     parts: list[RenderableType] = [Group(*lines), _verdict(report)]
-    for part in (_findings(report), _training(report), _devices(report),
+    ranks = _ranks_table(report["training"].get("ranks") or [], "ranks (torchrun)")
+    for part in (_findings(report), _training(report), ranks, _devices(report),
                  _processes(report), _gpus(report)):
         if part is not None:
             parts.append(part)
@@ -159,3 +160,57 @@ def render(report: dict[str, Any]) -> RenderableType:
 def print_report(report: dict[str, Any], console: Console) -> None:
     """Print the report to ``console`` (a file or the terminal)."""
     console.print(render(report))
+
+
+def _ranks_table(ranks: list[dict[str, Any]], title: str) -> RenderableType | None:
+    if not ranks:
+        return None
+    t = Table(title=title, title_justify="left")
+    for col in ("rank", "host", "batches", "data wait", "step (mean ms)"):
+        t.add_column(col, justify="left" if col in ("rank", "host") else "right")
+    for r in ranks:
+        share = r.get("data_wait_share")
+        t.add_row(Text(str(r.get("rank"))), Text(str(r.get("host") or "")),
+                  str(r.get("batches")),
+                  f"{share * 100:.1f}%" if isinstance(share, (int, float)) else "-",
+                  _ms(r.get("step_mean_s")))
+    return t
+
+
+def render_multi(report: dict[str, Any]) -> RenderableType:
+    """The report over several runs (one per node) as one renderable."""
+    title = Text()
+    title.append("iolens report ", style="bold")
+    title.append(f"of {len(report['runs'])} runs")
+    parts: list[RenderableType] = [title]
+    parts += [Text(f"  {p}") for p in report["runs"]]
+    verdict = dict(report["verdict"])
+    parts.append(Text(f"verdict of {verdict.get('node')}, the node that holds the job back:",
+                      style="bold"))
+    parts.append(_verdict({"verdict": verdict}))
+    findings = _findings(report)
+    if findings is not None:
+        parts.append(findings)
+    nodes = Table(title="nodes", title_justify="left")
+    for col in ("host", "class", "severity", "data wait", "batches", "run"):
+        nodes.add_column(col, justify="right" if col in ("data wait", "batches") else "left")
+    for n in report["nodes"]:
+        v = n["verdict"]
+        share = v.get("data_wait_share")
+        nodes.add_row(Text(str(n["host"])), Text(str(v.get("class"))),
+                      Text(str(v.get("severity"))),
+                      f"{share * 100:.1f}%" if isinstance(share, (int, float)) else "-",
+                      str(n["training"].get("batches")), Text(str(n["path"])))
+    parts.append(nodes)
+    ranks = _ranks_table(report.get("ranks") or [], "ranks")
+    if ranks is not None:
+        parts.append(ranks)
+    if report.get("notes"):
+        parts.append(Text("notes", style="bold"))
+        parts += [Text(f"  - {n}") for n in report["notes"]]
+    return Group(*parts)
+
+
+def print_multi(report: dict[str, Any], console: Console) -> None:
+    """Print the report over several runs to ``console``."""
+    console.print(render_multi(report))

@@ -113,11 +113,22 @@ def start(directory: str, flush_ns: int = 500_000_000) -> TimingWriter:
         if _writer is not None:
             stop()
         _writer = TimingWriter(directory, flush_ns)
+        rank = _rank()
+        if rank is not None:
+            _writer.buf.extend((records.RANK, rank[0], rank[1]))
         if not _registered:
             atexit.register(_at_exit)
             os.register_at_fork(after_in_child=_after_fork_in_child)
             _registered = True
     return _writer
+
+
+def _rank() -> tuple[int, int] | None:
+    """(rank, world size) from torchrun's environment, or None outside a multi-rank job."""
+    try:
+        return int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "0"))
+    except (KeyError, ValueError):
+        return None
 
 
 def stop() -> None:

@@ -16,6 +16,8 @@ STEP = 3
 """a = the moment ``iolens.step()`` was called, b = 0."""
 WORKER = 4
 """a = a DataLoader worker's pid, b = its worker id."""
+RANK = 5
+"""a = the process's rank (torchrun's RANK), b = the world size; written once, first."""
 
 RECORD_BYTES = 24
 TAG_SHIFT = 8

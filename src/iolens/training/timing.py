@@ -49,6 +49,10 @@ class TrainingAggregator:
     epoch_start_waits: list[int] = field(default_factory=list)
     worker_pids: dict[int, int] = field(default_factory=dict)
     """Worker pid -> worker id, as the loaders reported them."""
+    ranks: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Training process pid -> (rank, world size), for multi-rank jobs (torchrun)."""
+    _per_pid: dict[int, list[float]] = field(default_factory=dict)
+    """This interval's [batches, data wait ns, step ns] of each training process."""
     _streams: dict[tuple[int, int], _Stream] = field(default_factory=dict)
     _last_mark: dict[int, int] = field(default_factory=dict)
     _epoch_pending: set[tuple[int, int]] = field(default_factory=set)
@@ -62,9 +66,16 @@ class TrainingAggregator:
             if rtype == records.BATCH:
                 stream = self._streams.setdefault(key, _Stream())
                 wait = b - a
+                step = b - stream.last_end if stream.last_end is not None else wait
                 self.waits.append(wait)
-                self.steps.append(b - stream.last_end if stream.last_end is not None else wait)
+                self.steps.append(step)
                 stream.last_end = b
+                per = self._per_pid.get(pid)
+                if per is None:
+                    per = self._per_pid[pid] = [0, 0, 0]
+                per[0] += 1
+                per[1] += wait
+                per[2] += step
                 if key in self._epoch_pending:
                     self._epoch_pending.discard(key)
                     self.epoch_start_waits.append(wait)
@@ -80,6 +91,8 @@ class TrainingAggregator:
                 self._last_mark[pid] = a
             elif rtype == records.WORKER:
                 self.worker_pids[a] = b
+            elif rtype == records.RANK:
+                self.ranks[pid] = (a, b)
 
     def take(self) -> dict[str, Any]:
         """The figures since the last call, then start a new interval."""
@@ -98,6 +111,14 @@ class TrainingAggregator:
             out["epoch_start_wait"] = distribution(self.epoch_start_waits)
         if self.epochs:
             out["num_workers"] = self.num_workers
+        if self.ranks and self._per_pid:
+            # Per rank (several training processes): whose input pipeline is slowest.
+            out["ranks"] = {
+                str(self.ranks[pid][0]): {"pid": pid, "batches": int(n),
+                                          "data_wait_s": w / 1e9, "step_s": st / 1e9}
+                for pid, (n, w, st) in sorted(self._per_pid.items()) if pid in self.ranks}
+            out["world_size"] = max(ws for _, ws in self.ranks.values())
+        self._per_pid = {}
         self.waits, self.steps, self.marks, self.epochs = [], [], [], 0
         self.num_workers = 0
         self.epoch_start_waits = []
