@@ -189,10 +189,12 @@ def test_leftovers_of_a_killed_process_are_reaped(tmp_path: Path) -> None:
 
 
 def test_bad_limits() -> None:
-    with pytest.raises(ValueError, match="read_bps or read_iops"):
+    with pytest.raises(ValueError, match="give read_bps, read_iops or write_bps"):
         SlowDisk(64 * MiB)
     with pytest.raises(ValueError, match="positive"):
         SlowDisk(64 * MiB, read_bps=0)
+    with pytest.raises(ValueError, match="write_bps must be positive"):
+        SlowDisk(64 * MiB, write_bps=-1)
 
 
 def test_without_root_the_demo_says_what_is_missing_and_exits_2(tmp_path: Path) -> None:
