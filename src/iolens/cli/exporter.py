@@ -11,6 +11,7 @@ import sys
 import time
 from types import FrameType
 
+from iolens.cli._checks import check_watch
 from iolens.live.top import TopOptions, command_line, process_exists, top_watch
 from iolens.recorder.sampler import Recorder
 from iolens.sinks.base import SinkError
@@ -24,7 +25,6 @@ from iolens.sinks.prometheus import (
     require_client,
 )
 from iolens.sinks.state import LiveTotals, job_rank
-from iolens.sources.disk import DiskSampler
 
 _EPILOG = """\
 Serves http://HOST:PORT/metrics in the Prometheus text format until
@@ -102,7 +102,7 @@ def run(ns: argparse.Namespace) -> int:
         p.error(f"--pid {ns.pid}: no such process in {ns.proc_root}")
     if ns.job is not None and not ns.job.strip():
         p.error("--job needs a name")
-    _check_devices(p, ns)
+    check_watch(p, ns)
     try:
         require_client()
     except ExporterError as exc:
@@ -159,25 +159,6 @@ def run(ns: argparse.Namespace) -> int:
 def _raise_stop(signum: int, frame: FrameType | None) -> None:
     del signum, frame
     raise _Stop
-
-
-def _check_devices(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
-    for path in ns.path:
-        if not path:
-            p.error("--path needs a path")
-    if not ns.device:
-        return
-    sampler = DiskSampler(ns.proc_root, ns.sys_root)
-    try:
-        known = sampler.snapshot().devices
-    except Exception:  # noqa: BLE001 - no disk statistics: --device cannot be checked
-        known = {}
-    finally:
-        sampler.close()
-    for d in ns.device:
-        if known and d not in known:
-            p.error(f"unknown device {d!r}; devices reported by the kernel: "
-                    f"{', '.join(sorted(known))}")
 
 
 def _environ(pid: int | None, proc_root: str) -> dict[str, str]:

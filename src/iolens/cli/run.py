@@ -7,11 +7,11 @@ import os
 import shutil
 import sys
 
+from iolens.cli._checks import check_watch
 from iolens.recorder.run import RunOptions
 from iolens.recorder.run import run as run_job
 from iolens.recorder.rundir import RECORDS, default_run_dir
 from iolens.sinks.base import SinkError
-from iolens.sources.disk import DiskSampler
 
 _EPILOG = """\
 The job runs unchanged: same stdin, stdout, terminal and exit code (128+N
@@ -116,21 +116,7 @@ def run(ns: argparse.Namespace) -> int:
         p.error(f"command not found: {command[0]}")
     if not 0.1 <= ns.interval <= 60:
         p.error(f"--interval must be between 0.1 and 60 seconds, not {ns.interval:g}")
-    for path in ns.path:
-        if not path:
-            p.error("--path needs a path")
-    if ns.device:
-        sampler = DiskSampler(ns.proc_root, ns.sys_root)
-        try:
-            known = sampler.snapshot().devices
-        except Exception:  # noqa: BLE001 - no disk statistics: --device cannot be checked
-            known = {}
-        finally:
-            sampler.close()
-        for d in ns.device:
-            if known and d not in known:
-                p.error(f"unknown device {d!r}; devices reported by the kernel: "
-                        f"{', '.join(sorted(known))}")
+    check_watch(p, ns)
     if ns.prometheus is not None:
         from iolens.sinks.prometheus import parse_listen  # noqa: PLC0415 - only when asked for
 

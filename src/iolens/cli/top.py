@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from iolens.cli._checks import check_watch
 from iolens.live.top import TopOptions, process_exists, top, top_watch
-from iolens.sources.disk import DiskSampler
 
 _EPILOG = """\
 Shown every interval: the watched devices' MB/s, r/s, w/s, r_await, w_await,
@@ -76,21 +76,7 @@ def run(ns: argparse.Namespace) -> int:
             p.error(f"{flag} {root}: no such folder")
     if ns.pid is not None and (ns.pid <= 0 or not process_exists(ns.pid, ns.proc_root)):
         p.error(f"--pid {ns.pid}: no such process in {ns.proc_root}")
-    for path in ns.path:
-        if not path:
-            p.error("--path needs a path")
-    if ns.device:
-        sampler = DiskSampler(ns.proc_root, ns.sys_root)
-        try:
-            known = sampler.snapshot().devices
-        except Exception:  # noqa: BLE001 - no disk statistics: --device cannot be checked
-            known = {}
-        finally:
-            sampler.close()
-        for d in ns.device:
-            if known and d not in known:
-                p.error(f"unknown device {d!r}; devices reported by the kernel: "
-                        f"{', '.join(sorted(known))}")
+    check_watch(p, ns)
     opts = TopOptions(pid=ns.pid, interval=ns.interval, paths=ns.path, devices=ns.device,
                       proc_root=ns.proc_root, sys_root=ns.sys_root, count=ns.count,
                       once=ns.once)
