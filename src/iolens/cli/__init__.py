@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from iolens import __version__
 from iolens.cli import compare as compare_cmd
+from iolens.cli import doctor as doctor_cmd
 from iolens.cli import exporter as exporter_cmd
 from iolens.cli import iostat as iostat_cmd
 from iolens.cli import report as report_cmd
@@ -25,6 +26,7 @@ _COMMANDS: dict[str, tuple[Callable[[], argparse.ArgumentParser],
     "report": (report_cmd.build_parser, report_cmd.run),
     "compare": (compare_cmd.build_parser, compare_cmd.run),
     "top": (top_cmd.build_parser, top_cmd.run),
+    "doctor": (doctor_cmd.build_parser, doctor_cmd.run),
     "exporter": (exporter_cmd.build_parser, exporter_cmd.run),
 }
 
@@ -38,6 +40,7 @@ commands:
   top       live view of the disks, a process tree (or the machine), CPU and GPUs
   iostat    extended device statistics, digit for digit as `iostat -x -d`
   exporter  serve the disks', a process tree's, CPU, memory and GPU metrics to Prometheus
+  doctor    what can be measured on this machine, and why not where it cannot
 
 Run `iolens COMMAND --help` for a command's options and examples.
 """
