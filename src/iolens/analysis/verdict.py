@@ -462,7 +462,9 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         if load.rareq_kib < rules.SMALL_READ_KIB:
             v.recommendations.append(Recommendation(
                 "pack the dataset into large files read sequentially (LMDB, HDF5, tar "
-                "shards such as WebDataset) or a numpy memmap",
+                "shards such as WebDataset) or a numpy memmap: `iolens pack SRC DST` packs "
+                "a folder of sample files into LMDB or HDF5 shards, read back with "
+                "iolens.data.LMDBDataset or HDF5Dataset",
                 f"{load.name} is saturated by small reads ({load.rareq_kib:.0f} KiB on "
                 f"average, {load.r_s:.0f}/s)", ceiling))
             v.recommendations.append(Recommendation(
@@ -514,6 +516,7 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
             "store the result",
             f"the workers spend {worker_cpu:.0f}% of a core each on CPU work"
             if workers else "the CPUs are busy", ceiling))
+        v.recommendations.append(_tune())
     else:
         v.cls = "loader-starved"
         if unseen:
@@ -540,9 +543,21 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
             v.recommendations.append(Recommendation(
                 "use pin_memory=True in the DataLoader and .to(device, non_blocking=True)",
                 "host-to-GPU copies then overlap the step", "overlapped copies"))
+        v.recommendations.append(_tune())
     if window is not None:
         window.label = v.cls
         v.windows.append(window)
+
+
+def _tune() -> Recommendation:
+    """Points the input-bound classes without saturated storage at ``iolens tune``."""
+    return Recommendation(
+        "measure the best DataLoader settings on this machine: `iolens tune --dataset "
+        "MODULE:FACTORY` (or `--folder DIR`) measures the samples per second of each "
+        "num_workers, prefetch_factor and persistent_workers, and `iolens probe` how far the "
+        "preprocessing ceiling is from the training step's",
+        "the right num_workers depends on the per-sample cost and the free cores",
+        "the best num_workers, measured")
 
 
 def _more_workers(workers: int, worker_cpu: float, cpus: int, idle: float | None) -> int:

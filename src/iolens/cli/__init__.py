@@ -15,6 +15,7 @@ from iolens.cli import compare as compare_cmd
 from iolens.cli import doctor as doctor_cmd
 from iolens.cli import exporter as exporter_cmd
 from iolens.cli import iostat as iostat_cmd
+from iolens.cli import pack as pack_cmd
 from iolens.cli import probe as probe_cmd
 from iolens.cli import report as report_cmd
 from iolens.cli import run as run_cmd
@@ -29,6 +30,7 @@ _COMMANDS: dict[str, tuple[Callable[[], argparse.ArgumentParser],
     "compare": (compare_cmd.build_parser, compare_cmd.run),
     "top": (top_cmd.build_parser, top_cmd.run),
     "doctor": (doctor_cmd.build_parser, doctor_cmd.run),
+    "pack": (pack_cmd.build_parser, pack_cmd.run),
     "tune": (tune_cmd.build_parser, tune_cmd.run),
     "probe": (probe_cmd.build_parser, probe_cmd.run),
     "exporter": (exporter_cmd.build_parser, exporter_cmd.run),
@@ -44,6 +46,7 @@ commands:
   top       live view of the disks, a process tree (or the machine), CPU and GPUs
   iostat    extended device statistics, digit for digit as `iostat -x -d`
   exporter  serve the disks', a process tree's, CPU, memory and GPU metrics to Prometheus
+  pack      pack a folder of many small sample files into LMDB or HDF5 shards (verified, resumable)
   tune      measure the DataLoader's samples/s over num_workers, prefetch, persistence, pinning
   probe     which stage bounds the job: compute, preprocessing or storage, measured apart
   doctor    what can be measured on this machine, and why not where it cannot

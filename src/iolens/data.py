@@ -1,0 +1,207 @@
+"""Datasets over packs made by ``iolens pack``: the original files' bytes, and their labels.
+
+    from iolens.data import LMDBDataset
+    ds = LMDBDataset("/data/train.pack", transform=decode)   # ds[i] == (decode(bytes), label)
+    loader = DataLoader(ds, batch_size=64, num_workers=8, persistent_workers=True)
+
+``ds[i]`` is ``(bytes, label)`` for the i-th file in the pack's order (the order
+torchvision's ImageFolder gives the same folder); ``label`` is the class index,
+or -1 for a pack of a flat folder. ``transform``, when given, is applied to the
+bytes. Both classes are map-style datasets for any DataLoader: they open their
+LMDB environments or HDF5 files lazily, once per process, so every DataLoader
+worker opens its own after the fork (an LMDB environment or an HDF5 file must
+not be used across a fork), and they pickle without their open handles (for
+the spawn start method). lmdb, h5py and torch are imported only when a sample
+is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+    _Base = Dataset[tuple[Any, int]]
+else:
+    _Base = object
+
+__all__ = ["HDF5Dataset", "LMDBDataset", "PackDataset"]
+
+
+class PackDataset(_Base):
+    """What both pack datasets share: the manifest's keys, labels and shards, per-process
+    handles, pickling without them."""
+
+    format = ""
+
+    def __init__(self, path: str | os.PathLike[str],
+                 transform: Callable[[bytes], Any] | None = None) -> None:
+        self.path = os.fspath(path)
+        self.transform = transform
+        manifest_path = os.path.join(self.path, "manifest.json")
+        try:
+            with open(manifest_path, encoding="utf-8") as fh:
+                manifest = json.load(fh)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.path} is not a complete pack (no manifest.json); "
+                                    "run `iolens pack SRC DST` (again) to finish it") from None
+        if manifest.get("format") != self.format:
+            raise ValueError(f"{self.path} is a {manifest.get('format')} pack, not "
+                             f"{self.format}")
+        self.classes: list[str] = list(manifest["classes"])
+        """The class names; a label is an index into them."""
+        self.shard_files: list[str] = [s["file"] for s in manifest["shards"]]
+        samples = manifest["samples"]
+        self.labels: list[int] = [-1 if s["label"] is None else int(s["label"])
+                                  for s in samples]
+        self.sizes: list[int] = [int(s["size"]) for s in samples]
+        self.shard_of: list[int] = [int(s["shard"]) for s in samples]
+        self.locations: list[Any] = [self._location(s) for s in samples]
+        self._handles: dict[int, Any] = {}
+        self._pid = os.getpid()
+
+    def _location(self, sample: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _shard(self, shard: int) -> Any:
+        """This process's handle on ``shard``, opened on first use. Handles inherited over a
+        fork are closed in this process (the files are only read: the parent's copies are
+        not touched) and opened anew."""
+        if self._pid != os.getpid():
+            for handle in self._handles.values():
+                with contextlib.suppress(Exception):
+                    handle.close()
+            self._handles = {}
+            self._pid = os.getpid()
+        handle = self._handles.get(shard)
+        if handle is None:
+            handle = self._handles[shard] = self._open(
+                os.path.join(self.path, self.shard_files[shard]))
+        return handle
+
+    def _open(self, path: str) -> Any:
+        raise NotImplementedError
+
+    def _read(self, handle: Any, location: Any, size: int) -> bytes:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} samples")
+        data = self._read(self._shard(self.shard_of[index]), self.locations[index],
+                          self.sizes[index])
+        return (self.transform(data) if self.transform is not None else data,
+                self.labels[index])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_handles"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+
+    def close(self) -> None:
+        """Close this process's handles (they reopen on the next read)."""
+        if self._pid == os.getpid():
+            for handle in self._handles.values():
+                handle.close()
+        self._handles = {}
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.path!r}: {len(self)} samples, "
+                f"{len(self.classes)} classes, {len(self.shard_files)} shards)")
+
+
+class LMDBDataset(PackDataset):
+    """The samples of an LMDB pack (``iolens pack SRC DST --format lmdb``).
+
+    ``readahead`` (default True) lets the kernel read ahead of each sample, which
+    serves reads in the pack's order (or in shuffled blocks of it) in large
+    requests; turn it off for uniformly random access to a pack larger than RAM.
+    """
+
+    format = "lmdb"
+
+    def __init__(self, path: str | os.PathLike[str],
+                 transform: Callable[[bytes], Any] | None = None, *,
+                 readahead: bool = True) -> None:
+        self.readahead = readahead
+        super().__init__(path, transform)
+
+    def _location(self, sample: dict[str, Any]) -> Any:
+        return str(sample["key"]).encode()
+
+    def _shard(self, shard: int) -> Any:
+        # lmdb opens an environment once per process: datasets over the same pack share it.
+        return _lmdb_env(os.path.join(self.path, self.shard_files[shard]), self.readahead)
+
+    def close(self) -> None:
+        """Close this process's environments of this pack (they reopen on the next read)."""
+        for file in self.shard_files:
+            env = _LMDB_ENVS.pop(os.path.realpath(os.path.join(self.path, file)), None)
+            if env is not None:
+                env.close()
+
+    def _read(self, handle: Any, location: Any, size: int) -> bytes:
+        with handle.begin() as txn:
+            data = txn.get(location)
+        if data is None:
+            raise KeyError(f"{self.path}: no sample under key {location.decode()}")
+        return bytes(data)
+
+
+class HDF5Dataset(PackDataset):
+    """The samples of an HDF5 pack (``iolens pack SRC DST --format hdf5``): each shard file
+    holds the samples back to back in the byte array ``data``."""
+
+    format = "hdf5"
+
+    def _location(self, sample: dict[str, Any]) -> Any:
+        return int(sample["offset"])
+
+    def _open(self, path: str) -> Any:
+        import h5py  # type: ignore[import-untyped,unused-ignore]  # noqa: PLC0415
+
+        # No chunk cache: a sample is read straight from its bytes in the file.
+        return h5py.File(path, "r", rdcc_nbytes=0)
+
+    def _read(self, handle: Any, location: Any, size: int) -> bytes:
+        data: bytes = handle["data"][location:location + size].tobytes()
+        return data
+
+
+_LMDB_ENVS: dict[str, Any] = {}
+_LMDB_PID = [os.getpid()]
+
+
+def _lmdb_env(path: str, readahead: bool) -> Any:
+    """This process's read-only environment of the LMDB shard ``path``. Environments inherited
+    over a fork are closed in the child (read-only and without locks, so the parent's stay as
+    they are) and opened anew."""
+    if _LMDB_PID[0] != os.getpid():
+        for env in _LMDB_ENVS.values():
+            with contextlib.suppress(Exception):
+                env.close()
+        _LMDB_ENVS.clear()
+        _LMDB_PID[0] = os.getpid()
+    key = os.path.realpath(path)
+    env = _LMDB_ENVS.get(key)
+    if env is None:
+        import lmdb  # noqa: PLC0415
+
+        # A finished pack is never written again: no lock file, no reader table.
+        env = _LMDB_ENVS[key] = lmdb.open(key, subdir=False, readonly=True, lock=False,
+                                          readahead=readahead)
+    return env
