@@ -459,4 +459,6 @@ def test_packing_relieves_a_storage_bound_training(tmp_path: Path) -> None:
     assert metrics["throughput"]["outcome"] == "better", metrics["throughput"]
     assert metrics["throughput"]["statement"].startswith("NEW is higher by")
     assert metrics["throughput"]["statement"].endswith(": real")
-    assert metrics["step-time"]["outcome"] == "better", metrics["step-time"]
+    # The median step may not move: the folder run's stalls come in bursts between steps of
+    # the usual length, so the gain shows in the throughput (above), never as a loss here.
+    assert metrics["step-time"]["outcome"] in {"better", "within-noise"}, metrics["step-time"]
