@@ -4,11 +4,16 @@ preprocessing or storage), from three rates measured apart."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
-from iolens.cli.tune import add_source_arguments, check_source_arguments, load_source
+from iolens.cli.tune import (
+    add_source_arguments,
+    check_source_arguments,
+    load_source,
+    measure_and_print,
+    standalone,
+)
 
 _EPILOG = """\
 the data (one of):
@@ -83,7 +88,7 @@ def run(ns: argparse.Namespace) -> int:
         p.error(f"--num-workers must be 0 or more, not {ns.num_workers}")
     if ns.subset < 1:
         p.error(f"--subset must be at least 1, not {ns.subset}")
-    from iolens.loaderbench.measure import Progress, cores  # noqa: PLC0415
+    from iolens.loaderbench.measure import cores  # noqa: PLC0415
     from iolens.loaderbench.probe import probe, render_text  # noqa: PLC0415
     from iolens.loaderbench.source import SpecError, model_step  # noqa: PLC0415
 
@@ -99,40 +104,18 @@ def run(ns: argparse.Namespace) -> int:
     except RuntimeError as exc:
         p.error(f"--device {ns.device!r}: {exc}")
     workers = min(cores().free, 8) if ns.num_workers is None else ns.num_workers
-    bar = Progress("iolens probe", 3, enabled=not ns.quiet)
-    try:
-        result = probe(source, batch_size=ns.batch_size, num_workers=workers,
-                       seconds=ns.seconds, subset=ns.subset, model=model,
-                       evict_paths=ns.evict, drop_caches=ns.drop_caches, device=ns.device,
-                       progress=bar)
-    except SpecError as exc:
-        bar.close()
-        p.error(str(exc))
-    except Exception as exc:  # noqa: BLE001 - the user's dataset failed while read
-        bar.close()
-        print(f"iolens probe: the measurement failed: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
-        return 1
-    bar.close()
-    if ns.format == "json":
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")
-    else:
-        sys.stdout.write(render_text(result))
-    sys.stdout.flush()
-    return 0
+    return measure_and_print(
+        ns, "iolens probe", 3,
+        lambda bar: probe(source, batch_size=ns.batch_size, num_workers=workers,
+                          seconds=ns.seconds, subset=ns.subset, model=model,
+                          evict_paths=ns.evict, drop_caches=ns.drop_caches, device=ns.device,
+                          progress=bar),
+        render=render_text, failure="the measurement failed")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``iolens probe`` on its own (``python -m iolens.cli.probe``); returns the exit code."""
-    parser = build_parser()
-    try:
-        ns = parser.parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
-        ns.parser = parser
-        return run(ns)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
-    except KeyboardInterrupt:
-        return 130
+    return standalone(build_parser, run, argv)
 
 
 if __name__ == "__main__":

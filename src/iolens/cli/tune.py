@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 _EPILOG = """\
@@ -114,7 +114,7 @@ def run(ns: argparse.Namespace) -> int:
     shape = check_source_arguments(ns)
     if ns.max_workers is not None and ns.max_workers < 0:
         p.error(f"--max-workers must be 0 or more, not {ns.max_workers}")
-    from iolens.loaderbench.measure import Progress, cores  # noqa: PLC0415
+    from iolens.loaderbench.measure import cores  # noqa: PLC0415
     from iolens.loaderbench.source import SpecError  # noqa: PLC0415
     from iolens.loaderbench.tune import render_text, tune  # noqa: PLC0415
 
@@ -124,34 +124,59 @@ def run(ns: argparse.Namespace) -> int:
         p.error(str(exc))
     free = cores()
     max_workers = free.free if ns.max_workers is None else ns.max_workers
-    bar = Progress("iolens tune", 1, enabled=not ns.quiet)
+    return measure_and_print(
+        ns, "iolens tune", 1,
+        lambda bar: tune(source.dataset, name=source.name, batch_size=ns.batch_size,
+                         seconds=ns.seconds, max_workers=max_workers, cores=free,
+                         progress=bar),
+        render=render_text, failure="the DataLoader failed")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``iolens tune`` on its own (``python -m iolens.cli.tune``); returns the exit code."""
+    return standalone(build_parser, run, argv)
+
+
+def measure_and_print(ns: argparse.Namespace, command: str, stages: int,
+                      measure: Callable[[Any], Any], *, render: Callable[[Any], str],
+                      failure: str) -> int:
+    """Run ``measure(progress)`` under a progress bar and print its result as text or JSON.
+
+    A SpecError from the user's code is a usage error; any other exception is the
+    user's dataset or model failing while read (exit 1, ``failure`` says what failed).
+    """
+    from iolens.loaderbench.measure import Progress  # noqa: PLC0415
+    from iolens.loaderbench.source import SpecError  # noqa: PLC0415
+
+    p: argparse.ArgumentParser = ns.parser
+    bar = Progress(command, stages, enabled=not ns.quiet)
     try:
-        result = tune(source.dataset, name=source.name, batch_size=ns.batch_size,
-                      seconds=ns.seconds, max_workers=max_workers, cores=free, progress=bar)
+        result = measure(bar)
     except SpecError as exc:
         bar.close()
         p.error(str(exc))
     except Exception as exc:  # noqa: BLE001 - the user's dataset failed while read
         bar.close()
-        print(f"iolens tune: the DataLoader failed: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
+        print(f"{command}: {failure}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     bar.close()
     if ns.format == "json":
         sys.stdout.write(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")
     else:
-        sys.stdout.write(render_text(result))
+        sys.stdout.write(render(result))
     sys.stdout.flush()
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``iolens tune`` on its own (``python -m iolens.cli.tune``); returns the exit code."""
-    parser = build_parser()
+def standalone(build: Callable[[], argparse.ArgumentParser],
+               run_ns: Callable[[argparse.Namespace], int],
+               argv: Sequence[str] | None) -> int:
+    """A command on its own (``python -m iolens.cli.tune``): parse, run, map exits."""
+    parser = build()
     try:
         ns = parser.parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
         ns.parser = parser
-        return run(ns)
+        return run_ns(ns)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     except KeyboardInterrupt:
