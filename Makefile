@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo demo-slow test lint typecheck unit bench clean
+.PHONY: setup demo demo-slow test lint typecheck unit bench reliability clean
 
 $(BIN)/iolens: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -27,7 +27,7 @@ typecheck: setup
 	$(BIN)/mypy
 
 unit: setup
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	bash scripts/unit.sh $(PYTEST_ARGS)
 
 test: lint typecheck unit
 
@@ -37,6 +37,10 @@ bench: setup
 	$(BIN)/python bench/bench_run.py --out bench/RESULTS.md
 	$(BIN)/python bench/bench_report.py --out bench/RESULTS.md
 	$(BIN)/python bench/bench_exporter.py --out bench/RESULTS.md
+
+# Runs the fault, bad-input and security suites and rewrites RELIABILITY.md (root: every case).
+reliability: setup
+	$(BIN)/python scripts/reliability.py --out RELIABILITY.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

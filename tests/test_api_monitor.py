@@ -165,7 +165,7 @@ def test_monitor_with_an_unwritable_out_records_elsewhere(tmp_path: Path) -> Non
 
 
 def test_monitor_rejects_a_bad_interval() -> None:
-    with pytest.raises(ValueError, match=r"between 0\.1 and 60"):
+    with pytest.raises(ValueError, match=r"between 0\.05 and 60"):
         iolens.monitor(interval=0.01)
 
 

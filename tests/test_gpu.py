@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,32 @@ def test_no_gpu_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(count=0))
     reader = GpuReader()
     assert reader.reason == "NVML found no GPU" and reader.sample() == []
+
+
+def test_a_blocked_query_does_not_block_the_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU query that blocks: samples return within the timeout, then recover."""
+    release = threading.Event()
+    fake = _fake_nvml(count=1)
+    good = fake.nvmlDeviceGetUtilizationRates
+
+    def stuck(h: int) -> Any:
+        release.wait(30)  # a driver call that does not return until released
+        return good(h)
+
+    fake.__dict__["nvmlDeviceGetUtilizationRates"] = stuck
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    reader = GpuReader(timeout=0.2)
+    t0 = time.monotonic()
+    (first,) = reader.sample()
+    (second,) = reader.sample()
+    assert time.monotonic() - t0 < 1.0
+    assert "NVML has not answered" in first["error"] and second["stale_s"] >= first["stale_s"]
+    release.set()
+    deadline = time.monotonic() + 5
+    while "error" in (latest := reader.sample()[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert latest["util_pct"] == 40.0
+    reader.close()
 
 
 # -- a real GPU -----------------------------------------------------------------------

@@ -646,9 +646,9 @@ def test_top_unknown_pid_is_a_usage_error() -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--interval", "0.01"], "--interval must be between 0.1 and 60 seconds, not 0.01"),
-    (["--interval", "61"], "--interval must be between 0.1 and 60 seconds, not 61"),
-    (["--interval", "nan"], "--interval must be between 0.1 and 60 seconds"),
+    (["--interval", "0.01"], "--interval must be between 0.05 and 60 seconds, not 0.01"),
+    (["--interval", "61"], "--interval must be between 0.05 and 60 seconds, not 61"),
+    (["--interval", "nan"], "--interval must be between 0.05 and 60 seconds"),
     (["--interval", "fast"], "invalid float value"),
     (["--count", "0"], "--count must be a positive whole number"),
     (["--pid", "0"], "no such process"),

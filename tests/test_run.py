@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -130,6 +132,9 @@ def test_job_survives_the_sidecar_being_killed(tmp_path: Path) -> None:
 def test_unwritable_out_falls_back_and_the_job_runs(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     out = iolens_run(tmp_path, "--out", "file/run", "--", sys.executable, "-c", "print('hi')")
+    fallback = out.stderr.split("; recording to ", 1)[-1].split()[0] if out.stderr else ""
+    if fallback.startswith(tempfile.gettempdir()):
+        shutil.rmtree(fallback, ignore_errors=True)
     assert out.returncode == 0 and "hi" in out.stdout
     assert "cannot create file/run" in out.stderr and "recording to" in out.stderr
 
@@ -149,7 +154,7 @@ def test_existing_sitecustomize_still_runs(tmp_path: Path, script: Path) -> None
 
 def test_bad_arguments() -> None:
     cases: list[tuple[list[str], str]] = [
-        (["--interval", "0.01", "--", "true"], "between 0.1 and 60"),
+        (["--interval", "0.01", "--", "true"], "between 0.05 and 60"),
         (["--"], "no command"),
         (["--device", "nvme99n9", "--", "true"], "unknown device"),
     ]
@@ -182,11 +187,18 @@ def test_full_disk_under_the_run_directory(tmp_path: Path) -> None:
                          sys.executable, "-c", "import time; time.sleep(2); print('done')")
         assert out.returncode == 0
         assert "done" in out.stdout
-        assert "interval(s) not saved" in out.stderr
         data = (small / "run" / "records.jsonl").read_bytes()
         assert data.endswith(b"\n")  # no torn last line: short writes are cut back
         for line in data.splitlines():
             json.loads(line)
+        # NOTE [unsaved records]: the whole run is saved elsewhere, and said so.
+        copy = out.stderr.split("the whole run is saved in ", 1)[1].split()[0]
+        try:
+            seqs = [r["seq"] for r in records(Path(copy))]
+            assert seqs == list(range(len(seqs))) and len(seqs) >= 10
+            assert json.loads((Path(copy) / "meta.json").read_text())["lost_records"] == 0
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
 
@@ -203,3 +215,14 @@ def test_devices_the_job_opens_files_on_are_watched(tmp_path: Path) -> None:
     name = Path(dev).name
     assert meta["devices"][name].startswith("the job reads or writes")
     assert any(name in r["devices"] for r in records(tmp_path / "run"))
+
+
+def test_sidecar_takes_a_command_line_with_options() -> None:
+    """monitor() hands the script's argv to the sidecar as --command VALUE pairs; a value
+    that starts with '-' (train.py --epochs 3) once made the sidecar exit with a usage
+    error, and monitor() recorded nothing."""
+    from iolens.recorder.sidecar import _glued
+
+    argv = ["--pid", "1", "--command", "train.py", "--command", "--epochs", "--out", "r"]
+    assert _glued(argv) == ["--pid", "1", "--command=train.py", "--command=--epochs",
+                            "--out", "r"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from array import array
 from pathlib import Path
 
@@ -69,4 +70,26 @@ def test_writer_failure_is_recorded_not_raised(tmp_path: Path) -> None:
     w.flush()
     assert w.error is not None and "cannot write timing records" in w.error
     assert w.dropped == 1 and len(w.buf) == 0
+    w.close()
+
+
+def test_writer_moves_to_the_spare_folder_and_the_reader_follows(tmp_path: Path) -> None:
+    timing, spare = tmp_path / "run" / "timing", tmp_path / "spare"
+    spare.mkdir()
+    w = TimingWriter(str(timing), spare=str(spare))
+    w.buf.extend((records.BATCH, 0, 1 * MS))
+    w.flush()
+    assert w.moved is None and w.written == 1
+    # The run directory stops taking writes: the next flush goes to the spare folder.
+    (timing / f"{w.pid}.bin").chmod(0o444)
+    os.close(w._fd)  # type: ignore[arg-type]
+    w._fd = os.open(timing / f"{w.pid}.bin", os.O_RDONLY)
+    w.buf.extend((records.BATCH, 2 * MS, 3 * MS))
+    w.flush()
+    assert w.error is None and w.moved is not None and w.moved.startswith("cannot write")
+    assert w.written == 2 and w.dropped == 0
+    assert (spare / f"{w.pid}.bin").stat().st_size == records.RECORD_BYTES
+    agg = TrainingAggregator()
+    assert TimingReader(str(timing), spare=str(spare)).poll(agg) == 2
+    assert TimingReader(str(timing)).poll(TrainingAggregator()) == 1
     w.close()

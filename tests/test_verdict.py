@@ -256,6 +256,36 @@ def test_no_disk_stats() -> None:
     assert f.cls == "no-disk-stats" and "no device statistics" in f.evidence[0]
 
 
+def test_no_disk_stats_is_said_in_the_verdict() -> None:
+    """No device figures: the verdict says what it rests on and claims nothing of storage."""
+    note = "cannot read /proc/diskstats (Permission denied): no device statistics on this system"
+    v = diagnose(run_of(wait=0.05, step=0.1, devices={}), {"notes": [note], "cpus": 8})
+    assert v.cls == "loader-starved"
+    assert v.caveat == ("no device statistics: cannot read /proc/diskstats (Permission denied); "
+                        "the verdict rests on the training loop's timing (data wait share, step "
+                        "time) and the job's processes alone")
+    assert v.findings[0].evidence == [v.caveat]
+    assert v.to_dict()["caveat"] == v.caveat and v.lines()[-1] == f"note: {v.caveat}"
+    assert "the storage not measured" in v.evidence[0]
+    assert "not saturated (the device was not measured)" in v.recommendations[0].because
+    measured = diagnose(run_of(wait=0.05, step=0.1), META)
+    assert measured.caveat is None and "note:" not in " ".join(measured.lines())
+    assert "the storage not saturated" in measured.evidence[0]
+
+
+def test_disk_stats_stopping_mid_run_is_said() -> None:
+    """Device statistics that stop partway: a finding and caveat from when, with the reason."""
+    records = run_of(10, wait=0.002) + [rec(i, wait=0.002, devices={}) for i in range(10, 20)]
+    note = "device statistics stopped: cannot read /proc/diskstats (No such device)"
+    v = diagnose(records, {"notes": [note]})
+    (f,) = [f for f in v.findings if f.cls == "no-disk-stats"]
+    assert f.evidence == [v.caveat]
+    assert v.caveat == (note + " (at 00:10); from then on the verdict rests on the training "
+                        "loop's timing (data wait share, step time) and the job's processes alone")
+    assert f.window is not None and (f.window.start, f.window.end) == (10.0, 20.0)
+    assert diagnose(records, {}).caveat is None  # no note: devices merely idle or unwatched
+
+
 # -- runs without steps ------------------------------------------------------------------
 
 

@@ -50,8 +50,8 @@ class Monitor:
     def __init__(self, out: str | os.PathLike[str] | None = None, interval: float = 1.0,
                  paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
                  instrument: bool = True, quiet: bool = False) -> None:
-        if not 0.1 <= interval <= 60:
-            raise ValueError(f"interval must be between 0.1 and 60 seconds, not {interval!r}")
+        if not 0.05 <= interval <= 60:
+            raise ValueError(f"interval must be between 0.05 and 60 seconds, not {interval!r}")
         self.interval = float(interval)
         self.paths = [os.fspath(p) for p in paths]
         self.devices = list(devices)
@@ -231,7 +231,7 @@ def monitor(out: str | os.PathLike[str] | None = None, interval: float = 1.0,
     """Record this process as ``iolens run`` would: ``with iolens.monitor(): train()``.
 
     ``out`` is the run directory (default ``iolens-runs/<time>-<script>``),
-    ``interval`` the sampling period in seconds (0.1 to 60), ``paths`` the
+    ``interval`` the sampling period in seconds (0.05 to 60), ``paths`` the
     paths whose devices to watch besides the current directory's and those
     the job opens, ``devices`` device names to watch as well. With
     ``instrument`` (the default) every torch DataLoader is timed.

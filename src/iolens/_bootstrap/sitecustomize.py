@@ -26,12 +26,17 @@ def _iolens_boot() -> None:
             added = True
             import iolens.training._hooks as hooks
         flush_ms = int(os.environ.get("IOLENS_FLUSH_MS", "500"))
-        hooks.start(os.path.join(run_dir, "timing"), flush_ms * 1_000_000)
+        hooks.start(os.path.join(run_dir, "timing"), flush_ms * 1_000_000,
+                    os.environ.get("IOLENS_TIMING_SPARE") or None)
         hooks.install_import_hook()
     except Exception as exc:  # noqa: BLE001 - the job must run whatever happens here
         try:
             os.makedirs(os.path.join(run_dir, "timing"), exist_ok=True)
-            with open(os.path.join(run_dir, "timing", f"{os.getpid()}.json"), "w") as fh:
+            # O_EXCL|O_NOFOLLOW: never through a link planted there (NOTE [no writes
+            # through links] in iolens/recorder/rundir.py); this note is all it would lose.
+            fd = os.open(os.path.join(run_dir, "timing", f"{os.getpid()}.json"),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+            with os.fdopen(fd, "w") as fh:
                 fh.write('{"pid": %d, "installed": false, "error": %r}\n'
                          % (os.getpid(), f"iolens bootstrap failed: {exc!r}"))
         except OSError:

@@ -69,7 +69,7 @@ from iolens._errors import IolensError
 from iolens.analysis.rundata import RunData
 from iolens.analysis.verdict import diagnose
 from iolens.training import records as trecords
-from iolens.training.timing import TrainingAggregator, distribution
+from iolens.training.timing import TrainingAggregator, distribution, timing_pid
 
 COMPARE_SCHEMA = 1
 CONFIDENCE = 0.95
@@ -107,6 +107,8 @@ class BatchSamples:
     """Batches in the timing files (before thinning)."""
     every: int = 1
     """One batch in ``every`` was kept."""
+    skipped: int = 0
+    """Damaged timing records left out (see TrainingAggregator.skipped)."""
 
 
 def read_batches(run_path: str, cap: int = MAX_BATCHES) -> BatchSamples | None:
@@ -117,13 +119,13 @@ def read_batches(run_path: str, cap: int = MAX_BATCHES) -> BatchSamples | None:
     """
     tdir = os.path.join(run_path, "timing")
     try:
-        names = sorted(n for n in os.listdir(tdir) if n.endswith(".bin") and n[:-4].isdigit())
+        names = sorted(n for n in os.listdir(tdir) if timing_pid(n) is not None)
         size = sum(os.path.getsize(os.path.join(tdir, n)) for n in names)
     except OSError:
         return None
     every = max(1, math.ceil(size // trecords.RECORD_BYTES / max(1, cap)))
     rows: list[tuple[int, int, int]] = []
-    total = 0
+    total = skipped = 0
     for name in names:
         pid = int(name[:-4])
         agg = TrainingAggregator()
@@ -139,13 +141,14 @@ def read_batches(run_path: str, cap: int = MAX_BATCHES) -> BatchSamples | None:
                     recs = array("q")
                     recs.frombytes(data[:whole])
                     agg.feed(pid, recs)
-                    ends = [b for k, b in zip(recs[0::3], recs[2::3], strict=True)
-                            if k & trecords.TYPE_MASK == trecords.BATCH]
+                    # The aggregator's own hand-over times: it leaves damaged records out.
+                    ends = agg.ends
                     for i, (end, step, wait) in enumerate(zip(ends, agg.steps, agg.waits,
                                                               strict=True), seen):
                         if i % every == 0:
                             mine.append((end, step, wait))
                     seen += len(ends)
+                    agg.ends.clear()
                     agg.steps.clear()
                     agg.waits.clear()
                     agg.marks.clear()
@@ -154,10 +157,11 @@ def read_batches(run_path: str, cap: int = MAX_BATCHES) -> BatchSamples | None:
             continue  # a file that cannot be read is left out whole
         rows += mine
         total += seen
+        skipped += agg.skipped
     if not rows:
         return None
     rows.sort()
-    return BatchSamples([r[1] for r in rows], [r[2] for r in rows], total, every)
+    return BatchSamples([r[1] for r in rows], [r[2] for r in rows], total, every, skipped)
 
 
 @dataclass
@@ -600,6 +604,8 @@ def _side(run: RunData, batches: BatchSamples | None, iv: IntervalSamples,
     for st in meta.get("timing") or []:
         if isinstance(st, dict) and st.get("dropped"):
             notes.append(f"process {st.get('pid')} dropped {st['dropped']} timing record(s)")
+    if batches is not None and batches.skipped:
+        notes.append(f"{batches.skipped} damaged timing record(s) were skipped")
     if source == BATCHES and batches is not None:
         count, every, dist = batches.total, batches.every, _dist_exact(batches)
     else:

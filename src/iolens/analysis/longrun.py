@@ -46,6 +46,139 @@ _ROLE_EXT = ("cpu_pct", "read_bytes_s")
 _CPU = ("user", "system", "iowait", "idle", "steal")
 
 
+# -- what a record may hold ---------------------------------------------------------------
+# NOTE [record shape]: the verdict, the reports and the fold below do arithmetic on a
+# record's figures without checking each one, so a line that parses as JSON but is not a
+# record of ours (another tool's log, a hand edit, a number as a string, NaN, a negative
+# rate) is refused whole, with its reason, before anything reads it. Keys this version does
+# not know in the job, train and GPU objects are left alone, so that records of a newer
+# schema still read; the maps of figures (a device's, a role's, CPU, memory) hold nothing
+# but figures.
+_TOO_BIG = 1 << 64
+"""No counter or figure the recorder writes comes near this (18 EB/s, 5e17 years): larger is
+garbage. Floats too: orjson reads an int beyond 64 bits as a float."""
+_FIGURES = ("devices", "cpu", "mem")
+"""Sections whose every value is a figure (per device: a map of figures)."""
+_JOB_FIGURES = frozenset({"pids", "cpu_pct", "read_bytes_s", "write_bytes_s", "rchar_s",
+                          "wchar_s", "cache_hit"})
+_TRAIN_FIGURES = frozenset({"batches", "epochs_started", "data_wait_share", "num_workers",
+                            "world_size"})
+_TRAIN_MAPS = ("data_wait", "step", "epoch_start_wait")
+_GPU_FIGURES = frozenset({"index", "util_pct", "mem_util_pct", "mem_used_bytes",
+                          "mem_total_bytes"})
+_GPU_LISTS = frozenset({"pids", "proc_mem_bytes", "job_pids"})
+
+
+def _not_figure(v: Any) -> bool:
+    """True unless ``v`` is None or a finite, non-negative number (a bool is not one)."""
+    if v is None:
+        return False
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return not 0 <= v < _TOO_BIG  # NaN fails too
+    return True
+
+
+def _bad_map(d: Any, where: str) -> str | None:
+    """Why ``d`` is not a map of figures, or None when it is one."""
+    if not isinstance(d, dict):
+        return f"{where} is not an object"
+    for k, v in d.items():
+        if _not_figure(v):
+            return f"{where}.{k} is {_show(v)}"
+    return None
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def record_problem(rec: Any) -> str | None:
+    """Why ``rec`` (a parsed JSON line) cannot be read as an interval record; None if it can.
+
+    See NOTE [record shape].
+    """
+    if not isinstance(rec, dict):
+        return f"not a JSON object ({type(rec).__name__})"
+    if "elapsed_s" not in rec:
+        return "no elapsed_s (not an iolens record)"
+    if rec["elapsed_s"] is None:  # every interval has an end; records are ordered by it
+        return "elapsed_s is None"
+    for key in ("elapsed_s", "interval_s", "seq", "t", "merged"):
+        if _not_figure(rec.get(key)):
+            return f"{key} is {_show(rec[key])}"
+    if not isinstance(rec.get("time", ""), (str, type(None))):
+        return f"time is {_show(rec['time'])}"
+    for key in _FIGURES:
+        sec = rec.get(key)
+        if sec is None:
+            continue
+        if not isinstance(sec, dict):
+            return f"{key} is not an object"
+        if key == "devices":
+            for name, d in sec.items():
+                if why := _bad_map(d, f"devices.{name}"):
+                    return why
+        elif why := _bad_map(sec, key):
+            return why
+    job = rec.get("job")
+    if job is not None:
+        if not isinstance(job, dict):
+            return "job is not an object"
+        for k, v in job.items():
+            if v is None:
+                continue
+            if k == "roles":
+                if not isinstance(v, dict):
+                    return "job.roles is not an object"
+                for role, d in v.items():
+                    if why := _bad_map(d, f"job.roles.{role}"):
+                        return why
+            elif k == "states":
+                if why := _bad_map(v, "job.states"):
+                    return why
+            elif k in _JOB_FIGURES and _not_figure(v):
+                return f"job.{k} is {_show(v)}"
+    train = rec.get("train")
+    if train is not None:
+        if not isinstance(train, dict):
+            return "train is not an object"
+        for k, v in train.items():
+            if v is None:
+                continue
+            if k in _TRAIN_MAPS:
+                if why := _bad_map(v, f"train.{k}"):
+                    return why
+            elif k == "ranks":
+                if not isinstance(v, dict):
+                    return "train.ranks is not an object"
+                for rank, d in v.items():
+                    if why := _bad_map(d, f"train.ranks.{rank}"):
+                        return why
+            elif k == "step_source":
+                if not isinstance(v, str):
+                    return f"train.step_source is {_show(v)}"
+            elif k in _TRAIN_FIGURES and _not_figure(v):
+                return f"train.{k} is {_show(v)}"
+    gpus = rec.get("gpu")
+    if gpus is not None:
+        if not isinstance(gpus, list):
+            return "gpu is not a list"
+        for i, g in enumerate(gpus):
+            if not isinstance(g, dict):
+                return f"gpu[{i}] is not an object"
+            for k, v in g.items():
+                if k == "error":
+                    if not isinstance(v, str):
+                        return f"gpu[{i}].error is {_show(v)}"
+                elif k in _GPU_LISTS:
+                    if not isinstance(v, list) or any(_not_figure(x) for x in v):
+                        return f"gpu[{i}].{k} is {_show(v)}"
+                elif k in _GPU_FIGURES and _not_figure(v):
+                    return f"gpu[{i}].{k} is {_show(v)}"
+    return None
+
+
 def _loads() -> Callable[[bytes], Any]:
     try:
         import orjson  # noqa: PLC0415 - optional speed-up, three times faster than json
@@ -454,13 +587,63 @@ def _hit(d: dict[str, Any]) -> float | None:
 
 
 @dataclass
+class Skipped:
+    """Lines of records.jsonl left out, counted by why."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    """Lines skipped, by kind: ``not JSON``, ``not an iolens record``, ``with a bad figure``,
+    ``duplicate``."""
+    first_at: str = ""
+    """Where the first was, e.g. ``line 7`` (``byte 4096`` on the long-run path)."""
+    first_why: str = ""
+    """Why the first was skipped, e.g. ``devices.vda.util is -1.0``."""
+
+    @property
+    def total(self) -> int:
+        """All lines skipped."""
+        return sum(self.counts.values())
+
+    def add(self, kind: str, where: str, why: str = "") -> None:
+        """Count one skipped line."""
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if not self.first_at:
+            self.first_at, self.first_why = where, why or kind
+
+    def add_problem(self, where: str, why: str) -> None:
+        """Count a line that :func:`record_problem` refused."""
+        kind = ("not an iolens record" if why.startswith(("not a JSON object", "no elapsed_s"))
+                else "with a bad figure")
+        self.add(kind, where, why)
+
+    def merge(self, other: Skipped) -> None:
+        """Add another range's counts (``other`` comes later in the file)."""
+        for kind, n in other.counts.items():
+            self.counts[kind] = self.counts.get(kind, 0) + n
+        if not self.first_at:
+            self.first_at, self.first_why = other.first_at, other.first_why
+
+    def note(self, name: str) -> str | None:
+        """The report's note, or None when nothing was skipped."""
+        if not self.counts:
+            return None
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(self.counts.items()))
+        return (f"{self.total} line(s) of {name} were not valid records and were skipped "
+                f"(the first at {self.first_at}): {kinds}; {self.first_at}: {self.first_why}")
+
+
+@dataclass
 class ChunkResult:
     """What one byte range of records.jsonl folded into."""
 
     buckets: dict[int, Bucket]
     lines: int = 0
-    bad: int = 0
     newer: int = 0
+    skipped: Skipped = field(default_factory=Skipped)
+
+    @property
+    def bad(self) -> int:
+        """Lines skipped."""
+        return self.skipped.total
 
 
 def _fold_range(path: str, start: int, stop: int, bucket_s: float) -> ChunkResult:
@@ -468,12 +651,14 @@ def _fold_range(path: str, start: int, stop: int, bucket_s: float) -> ChunkResul
     loads = _loads()
     out = ChunkResult({})
     buckets = out.buckets
+    seen: set[tuple[int, float]] = set()
     with open(path, "rb") as fh:
         if start:
             fh.seek(start - 1)
             fh.readline()  # the line under way at ``start`` belongs to the range before
         pos = fh.tell()
         while pos < stop:
+            where = f"byte {pos}"  # line numbers are not known inside a byte range
             line = fh.readline()
             if not line:
                 break
@@ -483,19 +668,40 @@ def _fold_range(path: str, start: int, stop: int, bucket_s: float) -> ChunkResul
             out.lines += 1
             try:
                 rec = loads(line)
-                if not isinstance(rec, dict):
-                    raise TypeError("not an object")
-                schema = rec.get("schema", SCHEMA_VERSION)
-                if isinstance(schema, int) and schema > SCHEMA_VERSION:
-                    out.newer += 1
-                idx = int(float(rec.get("elapsed_s") or 0.0) // bucket_s)
-                b = buckets.get(idx)
-                if b is None:
-                    b = buckets[idx] = Bucket()
-                b.add(rec)
-            except (ValueError, TypeError, AttributeError, KeyError):
-                out.bad += 1
+            except ValueError as exc:  # orjson.JSONDecodeError is one
+                out.skipped.add("not JSON", where, str(exc)[:80])
+                continue
+            why = record_problem(rec)
+            if why is not None:
+                out.skipped.add_problem(where, why)
+                continue
+            if is_duplicate(rec, seen):
+                out.skipped.add("duplicate", where, f"seq {rec['seq']} again")
+                continue
+            schema = rec.get("schema", SCHEMA_VERSION)
+            if isinstance(schema, int) and schema > SCHEMA_VERSION:
+                out.newer += 1
+            idx = int(float(rec.get("elapsed_s") or 0.0) // bucket_s)
+            b = buckets.get(idx)
+            if b is None:
+                b = buckets[idx] = Bucket()
+            b.add(rec)
     return out
+
+
+def is_duplicate(rec: dict[str, Any], seen: set[tuple[int, float]]) -> bool:
+    """True when an interval of the same seq and end was seen before (a line written twice).
+
+    Records without a seq are never called duplicates.
+    """
+    seq = rec.get("seq")
+    if not isinstance(seq, int):
+        return False
+    key = (seq, float(rec.get("elapsed_s") or 0.0))
+    if key in seen:
+        return True
+    seen.add(key)
+    return False
 
 
 def estimate_records(path: str) -> tuple[int, float]:
@@ -513,10 +719,12 @@ def estimate_records(path: str) -> tuple[int, float]:
     last = 0.0
     for line in reversed(tail):
         try:
-            last = float(loads(line).get("elapsed_s") or 0.0)
-            break
-        except (ValueError, TypeError, AttributeError):
+            rec = loads(line)
+        except ValueError:
             continue
+        if record_problem(rec) is None:  # a finite, non-negative elapsed_s
+            last = float(rec["elapsed_s"] or 0.0)
+            break
     return estimate, last
 
 
@@ -536,7 +744,7 @@ def fold_records(path: str, bucket_s: float, jobs: int | None = None) -> ChunkRe
     total = ChunkResult({})
     for part in parts:
         total.lines += part.lines
-        total.bad += part.bad
+        total.skipped.merge(part.skipped)
         total.newer += part.newer
         for idx, b in part.buckets.items():
             mine = total.buckets.get(idx)

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from iolens._errors import IolensError
 from iolens.analysis.longrun import (
     LONG_RUN_RECORDS,
+    Skipped,
     bucket_records,
     bucket_seconds,
     estimate_records,
     fold_records,
+    is_duplicate,
+    record_problem,
 )
 from iolens.recorder.rundir import META, RECORDS, SCHEMA_VERSION
 
@@ -34,7 +39,8 @@ class RunData:
 def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS) -> RunData:
     """Read ``path`` (a run directory, or its records.jsonl).
 
-    Raises :class:`IolensError` when there is no run there at all. A missing
+    Raises :class:`IolensError` when there is no run there at all, or neither a
+    usable meta.json nor one usable record. A missing
     or corrupt meta.json, torn or corrupt lines, records that are not
     objects and records of a newer schema are skipped or kept with a note.
     A run of more than ``max_records`` intervals is read as time buckets
@@ -48,50 +54,66 @@ def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS) -> RunDat
     meta: dict[str, Any] = {}
     meta_path = os.path.join(path, META)
     try:
-        with open(meta_path, encoding="utf-8") as fh:
-            loaded = json.load(fh)
+        with open(meta_path, "rb") as fh:
+            loaded = json.loads(fh.read(), parse_constant=_no_constant)
         if isinstance(loaded, dict):
-            meta = loaded
+            meta = _checked_meta(loaded, notes)
         else:
             notes.append(f"{META} is not a JSON object; ignored")
     except FileNotFoundError:
         notes.append(f"{META} is missing (the recorder did not start, or it was removed)")
-    except (OSError, ValueError) as exc:
-        notes.append(f"{META} could not be read ({exc}); ignored")
+    except (OSError, ValueError, RecursionError) as exc:
+        notes.append(f"{META} could not be read ({_short(exc)}); ignored")
     rec_path = os.path.join(path, RECORDS)
     if not os.path.exists(rec_path) and not meta:
+        if os.path.exists(meta_path):  # there, but unusable: say so, not "no meta.json"
+            raise _nothing_usable(path, f"no {RECORDS}", notes)
         raise IolensError(f"{path}: not a run directory (no {META}, no {RECORDS})")
     if max_records is not None and os.path.isfile(rec_path):
         estimate, last = estimate_records(rec_path)
         if estimate > max_records:
             return _load_long(path, rec_path, meta, notes, last)
     records: list[dict[str, Any]] = []
-    bad = newer = 0
-    first_bad: int | None = None
+    skipped = Skipped()
+    seen: set[tuple[int, float]] = set()
+    newer = backwards = 0
+    last = -math.inf
     try:
         with open(rec_path, "rb") as fh:
             for n, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
                 try:
-                    rec = json.loads(line)
-                except ValueError:
-                    rec = None
-                if not isinstance(rec, dict):
-                    bad += 1
-                    first_bad = first_bad or n
+                    rec = json.loads(line, parse_constant=_no_constant)
+                except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
+                    skipped.add("not JSON", f"line {n}", _short(exc))
+                    continue
+                why = record_problem(rec)
+                if why is not None:
+                    skipped.add_problem(f"line {n}", why)
+                    continue
+                if is_duplicate(rec, seen):
+                    skipped.add("duplicate", f"line {n}", f"seq {rec['seq']} again")
                     continue
                 schema = rec.get("schema", SCHEMA_VERSION)
                 if isinstance(schema, int) and schema > SCHEMA_VERSION:
                     newer += 1
+                if _elapsed(rec) < last:
+                    backwards += 1
+                last = max(last, _elapsed(rec))
                 records.append(rec)
     except FileNotFoundError:
         notes.append(f"{RECORDS} is missing: no interval was recorded")
     except OSError as exc:
         notes.append(f"{RECORDS} could not be read completely ({exc.strerror or exc})")
-    if bad:
-        notes.append(f"{bad} line(s) of {RECORDS} were not valid records and were skipped "
-                     f"(the first at line {first_bad})")
+    note = skipped.note(RECORDS)
+    if not records and not meta:
+        raise _nothing_usable(path, note, notes)
+    if note:
+        notes.append(note)
+    if backwards:
+        notes.append(f"{backwards} record(s) of {RECORDS} were out of time order; "
+                     "read in order of elapsed_s")
     if newer:
         notes.append(f"{newer} record(s) come from a newer iolens (schema above "
                      f"{SCHEMA_VERSION}); read as far as their fields are known")
@@ -106,16 +128,73 @@ def _load_long(path: str, rec_path: str, meta: dict[str, Any], notes: list[str],
     bucket_s = bucket_seconds(last, interval if isinstance(interval, (int, float)) else None)
     folded = fold_records(rec_path, bucket_s)
     records = list(bucket_records(folded))
+    note = folded.skipped.note(RECORDS)
+    if not records and not meta:
+        raise _nothing_usable(path, note, notes)
     notes.append(f"a long run: its {folded.lines} intervals are read as {len(records)} "
                  f"buckets of {bucket_s:g} s (each bucket's p50 and p95 approximate)")
-    if folded.bad:
-        notes.append(f"{folded.bad} line(s) of {RECORDS} were not valid records and were "
-                     "skipped")
+    if note:
+        notes.append(note)
     if folded.newer:
         notes.append(f"{folded.newer} record(s) come from a newer iolens (schema above "
                      f"{SCHEMA_VERSION}); read as far as their fields are known")
     _note_lost(meta, notes)
     return RunData(path, meta, records, notes, bucket_s)
+
+
+def _nothing_usable(path: str, note: str | None, notes: list[str]) -> IolensError:
+    """The error for a run with neither metadata nor one usable record: one line, saying why
+    (an empty report would only hide what is wrong with the folder)."""
+    why = "; ".join([note or f"{RECORDS} holds no record", *notes])
+    return IolensError(f"{path}: no usable run ({why})")
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64
+
+
+def _is_seconds(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)
+            and 0 <= v < math.inf)  # NaN fails too
+
+
+def _is_text_map(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+
+
+# The meta.json fields the verdict and the reports use, and what each must be; one of
+# another shape (a hand edit, another tool's file) is dropped with a note rather than
+# left to fail deep inside a report.
+_META_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "cpus": _is_count,
+    "interval_s": lambda v: _is_seconds(v) and v > 0,
+    "duration_s": _is_seconds,
+    "lost_records": _is_count,
+    "exit_code": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+    "instrumented": lambda v: isinstance(v, bool),
+    "devices": _is_text_map,
+    "gpu": lambda v: isinstance(v, dict),
+    "notes": lambda v: isinstance(v, list),
+    "timing": lambda v: isinstance(v, list),
+    "command": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    **{k: lambda v: v is None or isinstance(v, str)
+       for k in ("host", "cwd", "start", "end", "disk_source", "write_error", "kernel",
+                 "iolens_version", "mode")},
+}
+
+
+def _checked_meta(meta: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """``meta`` less the fields of the wrong shape, each named in a note."""
+    wrong = [k for k, ok in _META_CHECKS.items() if k in meta and not ok(meta[k])]
+    if wrong:
+        notes.append(f"{META}: {', '.join(wrong)} of the wrong type or value; ignored")
+        meta = {k: v for k, v in meta.items() if k not in wrong}
+    return meta
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _note_lost(meta: dict[str, Any], notes: list[str]) -> None:
@@ -127,3 +206,9 @@ def _note_lost(meta: dict[str, Any], notes: list[str]) -> None:
 def _elapsed(rec: dict[str, Any]) -> float:
     v = rec.get("elapsed_s")
     return float(v) if isinstance(v, (int, float)) else 0.0
+
+
+def _no_constant(name: str) -> Any:
+    # The recorder never writes NaN or Infinity (and orjson, on the long-run path,
+    # refuses them); the json module would accept them, so refuse them here too.
+    raise ValueError(f"{name} is not JSON")

@@ -116,6 +116,8 @@ class Verdict:
     windows: list[Window] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
     """Run-level figures the verdict was drawn from (batches, step times ...)."""
+    caveat: str | None = None
+    """What the verdict could not see, in one sentence (no device statistics), or None."""
 
     def lines(self) -> list[str]:
         """The three lines printed at the end of ``iolens run``."""
@@ -132,11 +134,13 @@ class Verdict:
             "recommendations": [r.to_dict() for r in self.recommendations],
             "windows": [w.to_dict() for w in self.windows],
             "figures": self.figures,
+            "caveat": self.caveat,
         }
 
 
 def verdict_lines(v: dict[str, Any]) -> list[str]:
-    """Class and severity, the main evidence, the first recommendation (a verdict's dict)."""
+    """Class and severity, the main evidence, the first recommendation (a verdict's dict),
+    and the caveat when there is one."""
     if v.get("class") == NO_STEPS:
         out = ["verdict: no timed training steps"]
     else:
@@ -148,6 +152,8 @@ def verdict_lines(v: dict[str, Any]) -> list[str]:
     if v.get("recommendations"):
         r = v["recommendations"][0]
         out.append(f"try: {r.get('action')}; expected: {r.get('expected_gain')}")
+    if v.get("caveat"):
+        out.append(f"note: {v['caveat']}")
     return out
 
 
@@ -335,11 +341,13 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     timed = [r for r in records if _timed(r)]
     batches = int(sum(_num(_train(r), "batches") for r in timed))
     figures = _figures(records, timed, meta)
-    findings = _no_disk_stats(records, meta)
+    blind = _no_disk_stats(records, meta)
+    findings = [blind] if blind is not None else []
     if batches == 0:
         return _no_steps(records, meta, figures, findings)
     share = _share(timed) or 0.0
-    v = Verdict("compute-bound", severity(share), share, figures=figures)
+    v = Verdict("compute-bound", severity(share), share, figures=figures,
+                caveat=blind.evidence[0] if blind is not None else None)
     stall = _write_stall(records, timed, share)
     if stall is not None:
         v.cls, v.devices, v.evidence, v.recommendations, v.windows = stall
@@ -451,6 +459,9 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         if busy and own >= rules.JOB_SHARE_OWN and (best is None or load.util > best[0].util):
             best = (load, own)
     d_share = _d_state_share(win)
+    # Without device figures nothing says the storage is idle: say it was not measured.
+    measured = bool(_device_names(win))
+    storage = "the storage not saturated" if measured else "the storage not measured"
     if best is not None:
         load, own = best
         v.cls, v.devices = "storage-bound", [load.name]
@@ -504,7 +515,8 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
             v.evidence.append(f"the machine's CPUs {100 - idle:.0f}% busy"
                               + (f" ({free:.1f} of {cpus} cores free)" if cpus else ""))
         v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data; "
-                          "the storage is not saturated")
+                          + ("the storage is not saturated" if measured
+                             else "the storage was not measured"))
         if free >= 1:
             more = int(free)
             v.recommendations.append(Recommendation(
@@ -521,11 +533,11 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         v.cls = "loader-starved"
         if unseen:
             v.evidence.append(f"{workers} DataLoader workers asked for, none seen at work in "
-                              f"the samples (each lives shorter than an interval), the "
-                              f"storage not saturated{when}")
+                              f"the samples (each lives shorter than an interval), "
+                              f"{storage}{when}")
         elif workers:
             v.evidence.append(f"{workers} DataLoader workers at {worker_cpu:.0f}% of a core "
-                              f"each, the storage not saturated{when}")
+                              f"each, {storage}{when}")
         else:
             v.evidence.append("no DataLoader worker process: the data is loaded in the "
                               f"training process itself (num_workers=0){when}")
@@ -534,7 +546,10 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         if target > workers:
             v.recommendations.append(Recommendation(
                 f"raise num_workers from {workers} to {target}",
-                "neither the device nor the workers' CPU is saturated" if workers else
+                ("neither the device nor the workers' CPU is saturated"
+                 if measured else
+                 "the workers' CPU is not saturated (the device was not measured)")
+                if workers else
                 "loading in the main process stops the loop for every batch", ceiling))
         v.recommendations.append(Recommendation(
             "raise prefetch_factor (batches each worker keeps ready, default 2) and set "
@@ -861,12 +876,28 @@ def _epoch_start(timed: Sequence[dict[str, Any]]) -> list[Finding]:
                        f"up to {starts_sum / step_total * 100:.1f}% of the step time")])]
 
 
-def _no_disk_stats(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[Finding]:
-    if any(r.get("devices") for r in records):
-        return []
+_BLIND = ("the verdict rests on the training loop's timing (data wait share, step time) and "
+          "the job's processes alone")
+
+
+def _no_disk_stats(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> Finding | None:
+    """The ``no-disk-stats`` finding when device figures are missing for the whole run or
+    stopped partway (the recorder's note says why), else None."""
     notes = [n for n in meta.get("notes") or [] if isinstance(n, str)]
+    seen = [i for i, r in enumerate(records) if r.get("devices")]
+    if seen:
+        stopped = next((n for n in notes if n.startswith("device statistics stopped")), None)
+        last = seen[-1]
+        if stopped is None or last == len(records) - 1:
+            return None
+        at = _end(records[last])
+        w = Window(at, _end(records[-1]), "no-disk-stats")
+        return Finding("no-disk-stats", [
+            f"{stopped} (at {clock(at)}); from then on {_BLIND}"], w)
     why = next((n for n in notes if "statistic" in n), None)
-    if records and meta.get("disk_source") is not None and not why:
+    if why is not None:
+        why = why.removesuffix(": no device statistics on this system")
+    elif records and meta.get("disk_source") is not None:
         why = "no watched device had figures (none serves the job's files?)"
-    return [Finding("no-disk-stats", [
-        why or "no device statistics were recorded: storage cannot be judged"])]
+    return Finding("no-disk-stats", [
+        f"no device statistics: {why or 'none were recorded'}; {_BLIND}"])

@@ -97,7 +97,10 @@ def run(ns: argparse.Namespace) -> int:
     if ns.format == "json":
         text = json.dumps(obj, indent=2, allow_nan=False) + "\n"
     else:
-        text = _render_text(obj)
+        # Paths and notes come from the runs: no control character reaches the terminal.
+        from iolens.report.text import printable  # noqa: PLC0415 - rich only for text
+
+        text = _render_text(printable(obj))
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

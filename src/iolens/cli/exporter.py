@@ -42,6 +42,10 @@ wait and step time histograms, the verdict) come with
 The counters are read every --interval (default 1 s) by a sampler of their
 own; a scrape answers from the latest sample and never waits for one.
 
+It listens on 127.0.0.1 (this machine only) unless --listen names another
+address; the first line on stderr says where, and warns when the metrics
+are open to the network: the endpoint has no authentication.
+
 Devices watched: as `iolens top` (with --pid, those serving the process's
 working directory and any it has files open on; without, every whole disk
 that did I/O since boot; plus each --path and --device).
@@ -75,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "listens on 127.0.0.1, 0.0.0.0 on every interface, port 0 on any "
                         "free port)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S",
-                   help="seconds between samples, 0.1 to 60 (default 1)")
+                   help="seconds between samples, 0.05 to 60 (default 1)")
     p.add_argument("--path", action="append", default=[], metavar="P",
                    help="also watch the devices serving P (repeatable)")
     p.add_argument("--device", action="append", default=[], metavar="D",
@@ -92,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run(ns: argparse.Namespace) -> int:
     """Serve until stopped; returns the exit code."""
     p: argparse.ArgumentParser = ns.parser
-    if not 0.1 <= ns.interval <= 60:
-        p.error(f"--interval must be between 0.1 and 60 seconds, not {ns.interval:g}")
+    if not 0.05 <= ns.interval <= 60:
+        p.error(f"--interval must be between 0.05 and 60 seconds, not {ns.interval:g}")
     try:
         host, port = parse_listen(ns.listen, default_port=DEFAULT_PORT)
     except ValueError as exc:
@@ -139,8 +143,10 @@ def run(ns: argparse.Namespace) -> int:
                             sys_root=ns.sys_root, discover=ns.pid is not None, totals=totals)
         exporter.start()
         watched = ", ".join(f"{d} ({why})" for d, why in recorder.watch.items()) or "no device"
-        print(f"iolens exporter: serving {exporter.url} every {ns.interval:g} s; watching "
-              f"{watched}", file=sys.stderr, flush=True)
+        print(f"iolens exporter: serving {exporter.notice('--listen')}", file=sys.stderr,
+              flush=True)
+        print(f"iolens exporter: sampling every {ns.interval:g} s; watching {watched}",
+              file=sys.stderr, flush=True)
         for note in [*notes, *recorder.notes]:
             print(f"iolens exporter: note: {note}", file=sys.stderr, flush=True)
         recorder.loop(wait)

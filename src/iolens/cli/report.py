@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from typing import Any
@@ -60,7 +61,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _write_atomic(path: str, data: str) -> None:
+def _write_atomic(path: str, data: str, *, streams: bool = True) -> None:
+    """Write ``path`` whole: a new file renamed over it, so that a link planted there is
+    replaced, never written through. With ``streams``, a path that leads to a FIFO or a
+    terminal (``-o /dev/stdout``) is written to as it is: renaming over /dev/stdout would
+    replace the machine's own link."""
+    if streams:
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None
+        if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(data)
+            return
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".iolens-report-", dir=folder)
     try:
@@ -116,7 +130,7 @@ def run(ns: argparse.Namespace) -> int:
         text = _render_text(report, to_terminal=output is None)
     try:
         if output:
-            _write_atomic(output, text)
+            _write_atomic(output, text, streams=not default_output)
         else:
             sys.stdout.write(text)
             sys.stdout.flush()

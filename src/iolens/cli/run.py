@@ -17,6 +17,10 @@ _EPILOG = """\
 The job runs unchanged: same stdin, stdout, terminal and exit code (128+N
 when signal N ended it). Python jobs get their DataLoader timed with no code
 change (a sitecustomize bootstrap on PYTHONPATH; --no-instrument turns it off).
+Processes the job leaves running when it exits are recorded until they exit,
+for at most 10 s more. If the run directory's filesystem fills up or turns
+read-only, the intervals are kept in memory and written at the end, or the
+whole run is saved under the temporary directory instead (the path is printed).
 
 Live view: while the job runs, a full-screen view of the watched devices,
 the job's processes, CPU, GPUs and data wait is drawn on stderr when it is a
@@ -64,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR",
                    help="run directory to create (default: iolens-runs/<time>-<program>)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S",
-                   help="seconds between records, 0.1 to 60 (default 1)")
+                   help="seconds between records, 0.05 to 60 (default 1)")
     p.add_argument("--path", action="append", default=[], metavar="P",
                    help="also watch the devices serving P, e.g. the dataset (repeatable)")
     p.add_argument("--device", action="append", default=[], metavar="D",
@@ -114,8 +118,8 @@ def run(ns: argparse.Namespace) -> int:
         p.error("no command to run: iolens run [OPTIONS] -- CMD ...")
     if shutil.which(command[0]) is None and not os.path.exists(command[0]):
         p.error(f"command not found: {command[0]}")
-    if not 0.1 <= ns.interval <= 60:
-        p.error(f"--interval must be between 0.1 and 60 seconds, not {ns.interval:g}")
+    if not 0.05 <= ns.interval <= 60:
+        p.error(f"--interval must be between 0.05 and 60 seconds, not {ns.interval:g}")
     check_watch(p, ns)
     if ns.prometheus is not None:
         from iolens.sinks.prometheus import parse_listen  # noqa: PLC0415 - only when asked for
@@ -130,7 +134,8 @@ def run(ns: argparse.Namespace) -> int:
         if value is not None and not value.strip():
             p.error(f"{flag} needs a value")
     out = ns.out or default_run_dir("iolens-runs", command)
-    if os.path.exists(os.path.join(out, RECORDS)):
+    held = os.path.join(out, RECORDS)  # (a symlink planted there is no run: RunDir replaces it)
+    if os.path.isfile(held) and not os.path.islink(held):
         p.error(f"--out {out} already holds a run; choose another folder")
     opts = RunOptions(command=command, out=out, interval=ns.interval, paths=ns.path,
                       devices=ns.device, proc_root=ns.proc_root, sys_root=ns.sys_root,

@@ -27,6 +27,7 @@ from iolens.analysis import rules
 from iolens.analysis.verdict import diagnose
 from iolens.live.history import Header, History, Record
 from iolens.recorder.summary import severity
+from iolens.report.text import printable  # recorded strings reach the terminal without escapes
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -143,9 +144,9 @@ def header_text(history: History, header: Header, *, plain: bool = False,
     if header.pid is not None:
         t.append(f"{sep}pid {header.pid}")
         if header.command:
-            t.append(f" {_shorten(header.command, room)}", style="cyan")
+            t.append(f" {_shorten(printable(header.command), room)}", style="cyan")
     elif header.command:
-        t.append(f"{sep}{_shorten(header.command, room)}", style="cyan")
+        t.append(f"{sep}{_shorten(printable(header.command), room)}", style="cyan")
     else:
         t.append(f"{sep}whole machine")
     latest = history.latest
@@ -165,10 +166,10 @@ def header_text(history: History, header: Header, *, plain: bool = False,
         t.append("\n")
         t.append_text(verdict_text(history, width=width))
     if header.run_dir:
-        t.append(f"\nrecording to {header.run_dir}", style="dim")
+        t.append(f"\nrecording to {printable(header.run_dir)}", style="dim")
     for note in header.notes[-3:]:
         t.append("\n")
-        t.append(f"note: {_shorten(note, max(40, width - 6))}", style="yellow")
+        t.append(f"note: {_shorten(printable(note), max(40, width - 6))}", style="yellow")
     return t
 
 
@@ -255,7 +256,7 @@ def devices_table(history: History, watch: Mapping[str, str], *, width: int = 12
             row.append(Text(sparkline(values, spark_len, top=100.0, plain=plain),
                             style=_util_style(util) or "blue"))
         if show_why:
-            row.append(Text(watch.get(name, ""), style="dim"))
+            row.append(Text(printable(watch.get(name, "")), style="dim"))
         table.add_row(*row)
     if hidden:
         table.add_row(Text(f"+{hidden} more", style="dim"))

@@ -5,16 +5,22 @@ the terminal reaches it directly; iolens ignores that SIGINT and keeps
 recording until the job has exited. A SIGINT sent to iolens alone (no
 terminal, or the job in another group) and SIGTERM, SIGHUP, SIGQUIT, SIGUSR1
 and SIGUSR2 are passed on to the job. The exit code is the job's own, or
-128 + N when signal N ended it.
+128 + N when signal N ended it. Known limit: a signal sent to the whole
+process group where there is no terminal (``kill -TERM -PGID``, ``kill %1``
+from a shell) reaches the job directly and once more through iolens, which
+cannot tell it from one sent to iolens alone; a job whose handler counts
+signals may see two (tests/test_faults.py, test_a_signal_reaches_the_job_once).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import select
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +37,7 @@ import iolens
 from iolens.analysis.verdict import diagnose, verdict_lines
 from iolens.live.history import Header
 from iolens.live.view import LiveView, is_terminal
-from iolens.recorder.rundir import RECORDS, RunDir, rfc3339
+from iolens.recorder.rundir import RECORDS, RunDir, open_append, rfc3339, write_atomic
 from iolens.recorder.sampler import Recorder
 from iolens.recorder.summary import summarize, summary_lines
 from iolens.sinks.base import CallbackSink, FanOut, Sink
@@ -39,6 +46,13 @@ from iolens.sources.devmap import device_for_path
 
 if TYPE_CHECKING:
     from iolens.sinks.prometheus import Exporter
+
+UNFINISHED = ("the recording did not finish: iolens was stopped (killed?) before the job "
+              "ended, or could not replace this meta.json at the end (a full or read-only "
+              "filesystem), so the end, the exit code and the summary are missing; the "
+              "records written up to then are kept")
+"""A note in the meta.json written at the start only: the final one replaces it, so a
+run directory whose recorder was killed says so in its report."""
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -67,6 +81,8 @@ class RunOptions:
     """A CSV file to write one row per interval into; None for none."""
     tensorboard: str | None = None
     """A TensorBoard log directory for the key figures as scalars; None for none."""
+    linger: float = 10.0
+    """Seconds to go on recording the job's processes that outlive it (NOTE [leftovers])."""
 
 
 @dataclass
@@ -145,10 +161,15 @@ def initial_watch(paths: list[str], devices: list[str], proc_root: str = "/proc"
     return watch, notes
 
 
-def child_env(run_dir: str, interval: float, instrument: bool) -> dict[str, str]:
-    """The job's environment: unchanged, plus the timing bootstrap when instrumenting."""
+def child_env(run_dir: str, interval: float, instrument: bool,
+              spare: str | None = None) -> dict[str, str]:
+    """The job's environment: unchanged, plus the timing bootstrap when instrumenting
+    (and ``spare``, NOTE [spare timing folder] in iolens/training/_hooks.py)."""
     env = dict(os.environ)
     env["IOLENS_RUN_DIR"] = os.path.abspath(run_dir)
+    env.pop("IOLENS_TIMING_SPARE", None)
+    if instrument and spare is not None:
+        env["IOLENS_TIMING_SPARE"] = spare
     if instrument:
         boot = os.path.join(os.path.dirname(os.path.abspath(iolens.__file__)), "_bootstrap")
         old = env.get("PYTHONPATH")
@@ -198,11 +219,14 @@ def run(opts: RunOptions) -> int:
             _say(opts, f"cannot create {opts.out} ({exc.strerror or exc}); recording to "
                        f"{fallback}")
             run_dir = RunDir(fallback)
-        env = child_env(run_dir.path, opts.interval, opts.instrument)
+        spare = _spare_timing_dir() if opts.instrument else None
+        env = child_env(run_dir.path, opts.interval, opts.instrument, spare)
         try:
             child = subprocess.Popen(opts.command, env=env)
         except OSError as exc:
             run_dir.close()
+            if spare is not None:
+                shutil.rmtree(spare, ignore_errors=True)
             raise FileNotFoundError(f"cannot start {opts.command[0]!r}: "
                                     f"{exc.strerror or exc}") from exc
     except BaseException:
@@ -210,7 +234,7 @@ def run(opts: RunOptions) -> int:
         outputs.close()
         raise
     if outputs.exporter is not None:
-        _say(opts, f"Prometheus metrics at {outputs.exporter.url}")
+        _say(opts, f"Prometheus metrics at {outputs.exporter.notice('--prometheus')}")
 
     stopped_by: list[int] = []
     tty_group = _child_shares_terminal()
@@ -231,25 +255,39 @@ def run(opts: RunOptions) -> int:
         try:
             recorder = Recorder(run_dir, child.pid, opts.interval, watch,
                                 proc_root=opts.proc_root, sys_root=opts.sys_root,
-                                totals=outputs.totals)
+                                totals=outputs.totals,
+                                adopter=os.getpid() if _become_subreaper() else None)
+            recorder.timing.spare = spare
             # One list of notes: the recorder's, the watch's and the sinks' (meta.json).
             recorder.notes.extend(fan.notes)
             fan.notes = recorder.notes
-            meta = recorder.base_meta(opts.command, {"instrumented": opts.instrument,
-                                                     **outputs_meta, "notes": recorder.notes})
+            meta = recorder.base_meta(opts.command, {
+                "instrumented": opts.instrument, **outputs_meta,
+                "notes": [*recorder.notes, UNFINISHED]})
             run_dir.write_meta(meta)
             watched = ", ".join(f"{d} ({why})" for d, why in watch.items()) or "no device"
             _say(opts, f"recording to {run_dir.path} every {opts.interval:g} s; watching "
                        f"{watched}")
 
-            wait = _exit_waiter(child)
+            job_exited = _exit_waiter(child)
+
+            def wait(timeout: float) -> bool:
+                _reap_adopted(keep=child.pid)
+                return job_exited(timeout)
 
             if _want_live(opts):
                 view = _live_view(opts, recorder, run_dir, child.pid)
                 fan.add(_VIEW, CallbackSink(view.update, view.stop))
             recorder.loop(wait, on_record=fan if fan.names else None)
-            fan.close(_VIEW)  # the view leaves the screen before anything else is printed
             fan(recorder.sample())  # the last, partial interval
+            leftovers = None
+            if recorder.leftovers:
+                rc = child.wait()
+                say = None if view is not None and view.active else partial(_say, opts)
+                leftovers = _record_leftovers(opts, recorder, fan, stopped_by, say)
+            fan.close(_VIEW)  # the view leaves the screen before anything else is printed
+            if leftovers is not None:
+                _say(opts, leftovers)
         except Exception as exc:  # noqa: BLE001 - NOTE [never hurt the job] in sampler.py
             if view is not None:
                 view.stop()
@@ -272,7 +310,7 @@ def run(opts: RunOptions) -> int:
         _say(opts, view.error)
     code = exit_code(rc)
     _finish(opts, run_dir, recorder, code=code, rc=rc, stopped_by=stopped_by,
-            extra=outputs_meta)
+            extra=outputs_meta, spare=spare)
     return code
 
 
@@ -319,6 +357,86 @@ def _exit_waiter(child: subprocess.Popen[bytes]) -> Callable[[float], bool]:
     return wait
 
 
+def _become_subreaper() -> bool:
+    """Adopt the job's orphans (PR_SET_CHILD_SUBREAPER), so NOTE [leftovers] finds them.
+
+    A grandchild whose parent exits between two samples would otherwise go
+    to init unseen. False where prctl is not available.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _reap_adopted(keep: int | None = None) -> None:
+    """Collect the adopted orphans that have exited, all but ``keep`` (the job, whose
+    status Popen collects), so that a job that keeps orphaning processes does not pile
+    up zombies under iolens during a long run."""
+    while True:
+        try:  # WNOWAIT: look first, so that the job's own status is left to Popen
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except (ChildProcessError, OSError):
+            return
+        if info is None or info.si_pid == keep:
+            return
+        try:
+            os.waitpid(info.si_pid, 0)  # a zombie already: returns at once
+        except ChildProcessError:
+            return
+
+
+def _record_leftovers(opts: RunOptions, recorder: Recorder, fan: FanOut,
+                      stopped_by: list[int], say: Callable[[str], None] | None) -> str:
+    """Go on recording the job's processes that outlived it, for at most ``opts.linger`` s;
+    returns what happened, in words (``say`` tells the user now, unless the live view
+    holds the screen).
+
+    NOTE [leftovers] in sampler.py. The recording ends when they have all
+    exited, when a signal arrives (the user wants the verdict now), or at the
+    limit, so that a daemon the job started never holds ``iolens run``; the
+    exit code stays the job's own.
+    """
+    start = time.monotonic()
+    deadline = start + opts.linger
+    signals = len(stopped_by)
+
+    def running() -> list[int]:
+        _reap_adopted()
+        return recorder.running(recorder.leftovers)
+
+    def wait(timeout: float) -> bool:
+        end = min(time.monotonic() + timeout, deadline)
+        while running() and len(stopped_by) == signals:
+            if time.monotonic() >= end:
+                return time.monotonic() >= deadline
+            time.sleep(max(0.0, min(0.1, end - time.monotonic())))
+        return True
+
+    count = len(recorder.leftovers)
+    if say is not None:
+        say(f"the job has exited; recording the {count} process(es) it left running "
+            f"(at most {opts.linger:g} s)")
+    recorder.loop(wait, on_record=fan if fan.names else None)
+    fan(recorder.sample())
+    left = running()
+    took = time.monotonic() - start
+    if left:
+        why = "a signal arrived" if len(stopped_by) > signals else f"after {opts.linger:g} s"
+        msg = (f"{len(left)} process(es) the job left running (pids "
+               f"{', '.join(map(str, left[:8]))}) were recorded for {took:.1f} s after it "
+               f"exited; the recording stopped ({why}) while they ran on")
+    else:
+        msg = (f"the {count} process(es) the job left running were recorded until they "
+               f"exited, {took:.1f} s after it")
+    recorder.notes.append(msg)
+    return msg
+
+
 def _want_live(opts: RunOptions) -> bool:
     if opts.quiet or opts.live is False or not is_terminal(sys.stderr):
         return False
@@ -349,18 +467,19 @@ def _child_shares_terminal() -> bool:
 
 
 def _finish(opts: RunOptions, run_dir: RunDir, recorder: Recorder | None, *, code: int,
-            rc: int, stopped_by: list[int], extra: dict[str, Any]) -> None:
-    summary = finish_run(run_dir, recorder, opts.command, {
+            rc: int, stopped_by: list[int], extra: dict[str, Any],
+            spare: str | None = None) -> None:
+    done = finish_run(run_dir, recorder, opts.command, {
         "instrumented": opts.instrument,
         **extra,
         "exit_code": code,
         "signal": -rc if rc < 0 else None,
         "signals_received": [signal.Signals(s).name for s in stopped_by],
-    })
-    if run_dir.write_error:
-        _say(opts, f"warning: {run_dir.write_error}; {run_dir.lost_lines} interval(s) not saved")
-    _say(opts, f"run directory {run_dir.path} ({run_dir.lines} intervals, exit code {code})")
-    for line in end_lines(run_dir.path, summary):
+    }, spare=spare)
+    for message in done.warnings:
+        _say(opts, f"warning: {message}")
+    _say(opts, f"run directory {done.path} ({done.records} intervals, exit code {code})")
+    for line in end_lines(done.path, done.summary):
         _say(opts, line)
 
 
@@ -372,36 +491,185 @@ def end_lines(path: str, summary: dict[str, Any]) -> list[str]:
     return [*verdict_lines(verdict), f"full report: iolens report {shlex.quote(path)}"]
 
 
+@dataclass
+class Finished:
+    """How a recording ended up on disk."""
+
+    summary: dict[str, Any]
+    path: str
+    """Where the whole run is: the run directory, or the copy made when it could not
+    hold it (NOTE [unsaved records])."""
+    records: int
+    """Intervals saved there."""
+    warnings: list[str] = field(default_factory=list)
+    """What went wrong while saving, in words for the user."""
+
+
 def finish_run(run_dir: RunDir, recorder: Recorder | None, command: list[str],
-               extra: dict[str, Any]) -> dict[str, Any]:
-    """Close the records, write the final meta.json with the summary; returns the summary."""
+               extra: dict[str, Any], *, spare: str | None = None) -> Finished:
+    """Close the records, write the final meta.json with the summary.
+
+    NOTE [unsaved records]: the records the run directory could not take
+    when they were made are appended now if it takes them again (the reader
+    orders records by time); if some still do not fit, or meta.json cannot
+    be written, the whole run (every record and the final meta.json) is
+    written to a new folder under the temporary directory instead, so that
+    nothing recorded is lost and the report has all of it. The timing files
+    the job wrote into ``spare`` (NOTE [spare timing folder] in
+    iolens/training/_hooks.py) go to the run's timing folder the same way.
+    """
+    error = run_dir.write_error
+    moved, spare = _take_spare(spare, run_dir.timing_dir)
+    unsaved = recorder.unsaved if recorder is not None else []
+    late = 0
+    while unsaved and run_dir.append(unsaved[0]):
+        unsaved.pop(0)
+        late += 1
     run_dir.close()
-    records = read_records(run_dir.path)
+    records = sorted(read_records(run_dir.path) + unsaved, key=_seq)
     summary = summarize(records)
-    if recorder is not None:
-        meta = recorder.base_meta(command, {
-            "devices": recorder.watch,
-            "end": rfc3339(time.time()),
-            "duration_s": round(time.time() - recorder.start_wall, 3),
-            **extra,
-            "records": run_dir.lines,
-            "lost_records": run_dir.lost_lines,
-            "write_error": run_dir.write_error,
-            "timing": _timing_status(run_dir.timing_dir),
-            "notes": recorder.notes,
-        })
+    done = Finished(summary, run_dir.path, run_dir.lines)
+    if recorder is None:
+        return done
+    lost = len(unsaved) + recorder.unsaved_dropped
+    if late:
+        recorder.notes.append(f"{late} interval(s) could not be written when they were "
+                              f"recorded ({error}); they were written at the end, out of order")
+        done.warnings.append(f"{error}; {late} interval(s) written late, at the end")
+    if moved:
+        recorder.notes.append(f"{moved} timing file(s) the job could not write into "
+                              f"{run_dir.timing_dir} were kept in memory and added there at "
+                              "the end")
+    meta = recorder.base_meta(command, {
+        "devices": recorder.watch,
+        "end": rfc3339(time.time()),
+        "duration_s": round(time.time() - recorder.start_wall, 3),
+        **extra,
+        "records": run_dir.lines,
+        "lost_records": lost,
+        "write_error": error if lost else None,
+        "timing": _timing_status(run_dir.timing_dir) + _timing_status(spare),
+        "notes": recorder.notes,
+    })
+    try:
+        summary["verdict"] = diagnose(records, meta).to_dict()
+    except Exception as exc:  # noqa: BLE001 - the records stay; the report can retry
+        recorder.notes.append(f"the verdict failed: {exc!r}")
+    meta["summary"] = summary
+    if not run_dir.write_meta(meta) or lost:
+        why = run_dir.write_error or error
+        copy = _save_elsewhere(run_dir.path, records, meta, why, recorder.unsaved_dropped,
+                               spare=spare)
+        if copy is not None:
+            spare = None  # moved into the copy
+        if copy is not None:
+            done.path, done.records = copy, len(records)
+            done.warnings.append(f"{why}; the whole run is saved in {copy} instead")
+        else:
+            done.warnings.append(f"{why}; {lost} interval(s) not saved")
+    if spare is not None:
+        done.warnings.append(f"the job's timing records that {run_dir.timing_dir} could not "
+                             f"take are in {spare} (in memory: copy them before a restart)")
+    recorder.close()
+    return done
+
+
+def _spare_timing_dir() -> str | None:
+    """A private folder for the job's timing files should the run directory fail them
+    (NOTE [spare timing folder] in iolens/training/_hooks.py): in memory, where a full
+    or read-only disk cannot reach it; None when none can be made."""
+    for base in ("/dev/shm", None):
         try:
-            summary["verdict"] = diagnose(records, meta).to_dict()
-        except Exception as exc:  # noqa: BLE001 - the records stay; the report can retry
-            recorder.notes.append(f"the verdict failed: {exc!r}")
-        meta["summary"] = summary
-        run_dir.write_meta(meta)
-        recorder.close()
-    return summary
+            return tempfile.mkdtemp(prefix="iolens-timing-", dir=base)
+        except OSError:
+            continue
+    return None
 
 
-def _timing_status(directory: str) -> list[dict[str, Any]]:
+def _take_spare(spare: str | None, dest: str) -> tuple[int, str | None]:
+    """Add the files in ``spare`` to ``dest`` and remove it: (how many files, None); with
+    (0, ``spare``) when ``dest`` does not take them (the spare folder stays as it is).
+
+    A ``<pid>.bin`` there continues the one in ``dest`` (the job moved when that
+    one failed), so it is appended; a status file replaces its namesake.
+    """
+    if spare is None:
+        return 0, None
+    try:
+        names = sorted(os.listdir(spare))
+    except OSError:
+        return 0, None
+    if not names:
+        shutil.rmtree(spare, ignore_errors=True)
+        return 0, None
+    try:
+        _add_files(spare, names, dest)
+    except OSError:
+        return 0, spare
+    shutil.rmtree(spare, ignore_errors=True)
+    return len(names), None
+
+
+def _add_files(src: str, names: list[str], dest: str) -> None:
+    """Append each ``.bin`` file of ``src`` to its namesake in ``dest``, replace the others;
+    never through a link, and each append is undone if it fails part way."""
+    os.makedirs(dest, exist_ok=True)
+    if os.path.islink(dest):
+        raise OSError(f"{dest} is a symbolic link")
+    for name in names:
+        with open(os.path.join(src, name), "rb") as fh:
+            data = fh.read()
+        target = os.path.join(dest, name)
+        if not name.endswith(".bin"):
+            write_atomic(target, data)
+            continue
+        fd = open_append(target)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                if os.write(fd, data) != len(data):
+                    raise OSError(f"cannot add to {target}: short write")
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                raise
+        finally:
+            os.close(fd)
+
+
+def _save_elsewhere(origin: str, records: list[dict[str, Any]], meta: dict[str, Any],
+                    why: str | None, dropped: int, *, spare: str | None = None) -> str | None:
+    """Write every record and the final meta.json to a new temporary folder, with the
+    timing files of ``spare``; its path, or None when that fails too."""
+    try:
+        path = tempfile.mkdtemp(prefix="iolens-run-")
+        copy = RunDir(path)
+    except OSError:
+        return None
+    for rec in records:
+        copy.append(rec)
+    copy.close()
+    moved, spare = _take_spare(spare, copy.timing_dir)
+    note = (f"saved here because {origin} could not hold the run ({why}); the training's "
+            "raw timing files written before that stay there"
+            + (f", those written after it are here ({moved} file(s))" if moved else ""))
+    meta = {**meta, "saved_from": origin, "records": copy.lines,
+            "lost_records": copy.lost_lines + dropped,
+            "write_error": copy.write_error, "notes": [*meta.get("notes", []), note]}
+    if copy.lost_lines or spare is not None or not copy.write_meta(meta):
+        return None
+    return path
+
+
+def _seq(rec: dict[str, Any]) -> int:
+    seq = rec.get("seq")
+    return seq if isinstance(seq, int) else 0
+
+
+def _timing_status(directory: str | None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
+    if directory is None:
+        return out
     try:
         names = sorted(os.listdir(directory))
     except OSError:

@@ -4,14 +4,27 @@ Each line is written with a single ``write`` on an O_APPEND descriptor, so
 a run killed at any moment leaves a file every complete line of which
 parses. A write that fails (full disk, read-only filesystem) is counted
 and the sampling goes on; the job never sees the failure.
+
+NOTE [no writes through links]: a run directory may sit where others can
+write (a shared scratch folder, an --out that exists). A file appended to
+(records.jsonl, timing/<pid>.bin) is opened with O_NOFOLLOW and O_NONBLOCK
+and must turn out a regular file with one link; anything else in its place
+(a symlink planted towards a victim file, a dangling one, a hard link, a
+FIFO) is never written through but replaced, atomically, by a new file: a
+temporary file created with O_EXCL beside it, renamed over it. A file
+rewritten whole (meta.json, timing/<pid>.json) is always such a new file.
+Files are created with mode 0666 and directories 0777, so the user's umask
+alone decides who may read them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
+import stat
 import time
 from datetime import datetime
 from typing import Any
@@ -22,19 +35,96 @@ META = "meta.json"
 
 
 def default_run_dir(base: str, command: list[str]) -> str:
-    """``<base>/<YYYYmmdd-HHMMSS>-<program>``, made unique with a suffix if needed."""
+    """``<base>/<YYYYmmdd-HHMMSS>-<program>``, made unique with a suffix, and created.
+
+    The directory is made here with a ``mkdir`` that fails when the name is
+    taken, and the next suffix is tried, so two runs started in the same
+    second never share a folder (a check with ``exists`` and then a
+    ``makedirs(exist_ok=True)`` would let both in). Where it cannot be made
+    for another reason (no such base, no permission), the first name is
+    returned uncreated and the caller's own attempt reports why.
+    """
     prog = os.path.basename(command[0]) if command else "run"
     if prog.startswith("python") and len(command) > 1:
         script = next((a for a in command[1:] if not a.startswith("-")), "")
         prog = os.path.splitext(os.path.basename(script))[0] or prog
     prog = re.sub(r"[^A-Za-z0-9_.-]+", "_", prog)[:40] or "run"
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = os.path.join(base, f"{stamp}-{prog}")
-    n = 1
-    while os.path.exists(path):
-        n += 1
-        path = os.path.join(base, f"{stamp}-{prog}-{n}")
-    return path
+    first = os.path.join(base, f"{stamp}-{prog}")
+    with contextlib.suppress(OSError):
+        os.makedirs(base, exist_ok=True)
+    for n in range(1, 10_000):
+        path = first if n == 1 else f"{first}-{n}"
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            continue
+        except OSError:
+            return first
+        return path
+    return first
+
+
+def _new_temp(path: str, extra_flags: int = 0) -> tuple[int, str]:
+    """A new, empty file beside ``path`` that nobody else can have planted (O_EXCL)."""
+    folder, name = os.path.split(path)
+    for _ in range(100):
+        tmp = os.path.join(folder, f".{name}.{os.urandom(4).hex()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                         | extra_flags, 0o666)
+        except FileExistsError:
+            continue
+        return fd, tmp
+    raise FileExistsError(errno.EEXIST, "no free temporary name", path)
+
+
+def replace_with_new(path: str, extra_flags: int = 0) -> int:
+    """A new, empty file put in place of whatever is at ``path``; its descriptor for writing.
+
+    Whatever was there (a file, a symlink, a FIFO) is replaced by a rename,
+    never opened: see NOTE [no writes through links].
+    """
+    fd, tmp = _new_temp(path, extra_flags)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return fd
+
+
+def open_append(path: str) -> int:
+    """``path`` for appending, created if missing, never through a link (NOTE above)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+    except OSError as exc:
+        # ELOOP: a symlink; ENXIO: a FIFO nobody reads; EISDIR and the like are real errors.
+        if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EWOULDBLOCK):
+            raise
+        return replace_with_new(path, os.O_APPEND)
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+        os.set_blocking(fd, True)
+        return fd
+    os.close(fd)  # a FIFO someone reads, a device, a hard link to another name
+    return replace_with_new(path, os.O_APPEND)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replace ``path`` with a file holding ``data``: a new file renamed over it (NOTE above)."""
+    fd, tmp = _new_temp(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def rfc3339(t: float) -> str:
@@ -48,9 +138,7 @@ class RunDir:
     def __init__(self, path: str) -> None:
         self.path = path
         os.makedirs(path, exist_ok=True)
-        self._fd: int | None = os.open(
-            os.path.join(path, RECORDS),
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        self._fd: int | None = open_append(os.path.join(path, RECORDS))
         self._size = os.fstat(self._fd).st_size
         self.lines = 0
         self.lost_lines = 0
@@ -85,18 +173,12 @@ class RunDir:
 
     def write_meta(self, meta: dict[str, Any]) -> bool:
         """Replace meta.json atomically; False when it could not be written."""
-        tmp = os.path.join(self.path, f".{META}.tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "w") as fh:
-                json.dump(meta, fh, indent=2, allow_nan=False)
-                fh.write("\n")
-            os.replace(tmp, os.path.join(self.path, META))
+            data = json.dumps(meta, indent=2, allow_nan=False) + "\n"
+            write_atomic(os.path.join(self.path, META), data.encode())
             return True
         except OSError as exc:
             self.write_error = self.write_error or f"cannot write {META}: {exc.strerror or exc}"
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             return False
 
     def close(self) -> None:

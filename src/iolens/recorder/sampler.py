@@ -34,6 +34,11 @@ from iolens.sources.procfs import (
 )
 from iolens.training.timing import TimingReader, TrainingAggregator
 
+# Zombie and dead processes have exited; only their parent has yet to reap them.
+_GONE_STATES = frozenset("ZXx")
+# Records kept in memory while the run directory cannot take them: ~1-2 KB each,
+# so at most some 20 MB, about 3 hours at the default interval.
+_UNSAVED_MAX = 10_000
 # How often (in samples) the job's open files are scanned for new devices.
 _DISCOVER_EVERY = 5
 _DEVICE_FIELDS = ("r_s", "rkB_s", "rrqm_s", "r_await", "rareq_sz", "w_s", "wkB_s", "wrqm_s",
@@ -130,12 +135,14 @@ class Recorder:
     def __init__(self, run: RunDir | None, root_pid: int | None, interval: float,
                  watch: dict[str, str], *, proc_root: str = "/proc", sys_root: str = "/sys",
                  discover: bool = True, exclude_pids: frozenset[int] = frozenset(),
-                 totals: LiveTotals | None = None) -> None:
+                 totals: LiveTotals | None = None, adopter: int | None = None) -> None:
         """``run`` None samples without writing (``iolens top``); ``root_pid`` None
         watches the devices and the machine but no process tree; ``exclude_pids``
         are left out of the tree (the sidecar, itself a child of the job); ``totals``
         keeps cumulative counters for the Prometheus exporter and gets the latest
-        state after every sample."""
+        state after every sample; ``adopter`` is a subreaper whose children count as
+        the job's once its root is gone (NOTE [leftovers])."""
+        self.adopter = adopter
         self.totals = totals
         self.exclude_pids = exclude_pids
         self.run = run
@@ -152,7 +159,13 @@ class Recorder:
         self.gpu = GpuReader()
         self.timing = TimingReader(run.timing_dir if run is not None else None)
         self.train = totals.aggregator() if totals is not None else TrainingAggregator()
-        self.notes: list[str] = []
+        # One list: the disk sampler's fallbacks (/sys/block, the monotonic clock)
+        # belong in meta.json with the recorder's own notes.
+        self.notes: list[str] = self.disks.notes
+        self.unsaved: list[dict[str, Any]] = []
+        """Records the run directory could not take, in order (NOTE [unsaved records])."""
+        self.unsaved_dropped = 0
+        """Unsaved records dropped from memory past ``_UNSAVED_MAX``."""
         self.seq = 0
         self.start_wall = time.time()
         self.start_mono = time.monotonic()
@@ -201,10 +214,50 @@ class Recorder:
                 out[name] = device_record(r)
         return out
 
+    def _tree(self) -> dict[int, Any]:
+        """The job's processes: the tree under the root, or what is left of it once the
+        root is gone.
+
+        NOTE [leftovers]: a job's processes may outlive it (a grandchild that
+        detached, the training a wrapper script started in the background, a
+        server it spawned). Once the root has exited they are re-parented
+        elsewhere, so they are followed as roots of their own, from the last
+        sample's pids and the adopter's children: what they do until they exit
+        stays in the records.
+        """
+        assert self.root_pid is not None
+        samples = self.procs.sample(self.root_pid)
+        if samples:
+            return samples
+        roots = set(self._procs)
+        if self.adopter is not None:
+            # Orphans re-parented to the adopter (``iolens run`` is a subreaper), even
+            # those that started and lost their parent between two samples.
+            roots.update(st.pid for st in self.procs.descendants(self.adopter))
+            roots.discard(self.adopter)
+        for pid in roots:
+            if pid not in samples and pid not in self.exclude_pids:
+                samples.update(self.procs.sample(pid))
+        return {p: s for p, s in samples.items() if s.stat.state not in _GONE_STATES}
+
+    @property
+    def leftovers(self) -> list[int]:
+        """The job's processes seen alive in the last sample, other than its root."""
+        return [p for p in self._procs if p != self.root_pid]
+
+    def running(self, pids: list[int]) -> list[int]:
+        """Those of ``pids`` that have not exited (a zombie has, though not yet reaped)."""
+        out = []
+        for pid in pids:
+            st = self.procs.read_stat(pid)
+            if st is not None and st.state not in _GONE_STATES:
+                out.append(pid)
+        return out
+
     def _job(self, seconds: float) -> dict[str, Any]:
         if self.root_pid is None:
             return {}
-        samples = self.procs.sample(self.root_pid)
+        samples = self._tree()
         workers = set(self.train.worker_pids)
         mains = self.timing.pids
         totals = {"main": RoleTotals(), "worker": RoleTotals(), "other": RoleTotals()}
@@ -339,8 +392,15 @@ class Recorder:
                     g["job_pids"] = mine
             rec["gpu"] = gpus
         self.seq += 1
-        if self.run is not None:
-            self.run.append(rec)
+        if self.run is not None and not self.run.append(rec):
+            # NOTE [unsaved records]: a record the run directory could not take (a
+            # full or read-only filesystem) is kept here; finish_run() writes it late,
+            # or the whole run elsewhere. Bounded, so a long run on a dead disk
+            # cannot eat the job's memory: past the bound the oldest are dropped.
+            self.unsaved.append(rec)
+            if len(self.unsaved) > _UNSAVED_MAX:
+                del self.unsaved[0]
+                self.unsaved_dropped += 1
         if self.totals is not None:
             try:
                 self.totals.publish(rec, self._disk_prev if self._disk_error is None else None,

@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 
-from iolens.recorder.run import finish_run, initial_watch
+from iolens.recorder.run import UNFINISHED, finish_run, initial_watch
 from iolens.recorder.rundir import RunDir
 from iolens.recorder.sampler import Recorder
 
@@ -81,6 +81,20 @@ def _ready() -> None:
         pass
 
 
+def _glued(argv: list[str]) -> list[str]:
+    """``--command VALUE`` pairs as ``--command=VALUE``.
+
+    argparse takes a separate value that starts with ``-`` for an option, so
+    the command line of a script run as ``train.py --epochs 3`` made the
+    sidecar exit with a usage error and monitor() record nothing.
+    """
+    out: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        out.append(f"--command={next(it, '')}" if arg == "--command" else arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m iolens.recorder.sidecar")
     ap.add_argument("--pid", type=int, required=True)
@@ -91,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-instrument", dest="instrument", action="store_false")
     ap.add_argument("--command", action="append", default=[],
                     help="the monitored program's command line, for meta.json")
-    ns = ap.parse_args(argv)
+    ns = ap.parse_args(_glued(sys.argv[1:] if argv is None else argv))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         run_dir = RunDir(ns.out)
@@ -107,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                             exclude_pids=frozenset({os.getpid()}))
         recorder.notes.extend(notes)
         run_dir.write_meta(recorder.base_meta(ns.command, {
-            "mode": "monitor", "instrumented": ns.instrument, "notes": recorder.notes}))
+            "mode": "monitor", "instrumented": ns.instrument,
+            "notes": [*recorder.notes, UNFINISHED]}))
         _ready()
         recorder.loop(control.wait)
         recorder.sample()  # the last, partial interval
@@ -115,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"iolens: monitor recording stopped: {exc!r}", file=sys.stderr)
         if recorder is not None:
             recorder.notes.append(f"recording stopped: {exc!r}")
-    finish_run(run_dir, recorder, ns.command, {
+    done = finish_run(run_dir, recorder, ns.command, {
         "mode": "monitor", "instrumented": ns.instrument, "ended": control.ended})
+    for message in done.warnings:
+        print(f"iolens: monitor: {message}", file=sys.stderr)
     return 0
 
 

@@ -37,13 +37,15 @@ def build_report(run: RunData) -> dict[str, Any]:
     meta = run.meta
     verdict = diagnose(recs, meta)
     vd = verdict.to_dict()
+    notes = [*run.notes, *[n for n in meta.get("notes") or [] if isinstance(n, str)]]
+    training = _training(run, notes)
     return {
         "report_schema": REPORT_SCHEMA,
         "run": _run_info(run),
-        "notes": [*run.notes, *[n for n in meta.get("notes") or [] if isinstance(n, str)]],
+        "notes": notes,
         "verdict": vd,
         "findings": [f.to_dict() for f in verdict.findings],
-        "training": _training(run),
+        "training": training,
         "devices": _devices(recs, meta),
         "processes": _processes(recs),
         "gpus": _gpus(recs, meta),
@@ -85,14 +87,14 @@ def _weighted_pct(pairs: list[tuple[float, float]], q: float) -> float | None:
     return pairs[-1][0]
 
 
-def _training(run: RunData) -> dict[str, Any]:
+def _training(run: RunData, notes: list[str]) -> dict[str, Any]:
     recs = run.records
     timed = [r for r in recs if (r.get("train") or {}).get("step_source") == "dataloader"]
     out: dict[str, Any] = {
         "batches": sum(int((r.get("train") or {}).get("batches") or 0) for r in recs),
         "epochs": sum(int((r.get("train") or {}).get("epochs_started") or 0) for r in recs),
     }
-    exact = _exact_distributions(run)
+    exact = _exact_distributions(run, notes)
     if exact is not None:
         out["distribution_source"] = "every batch"
         out["data_wait"], out["step"] = exact
@@ -119,8 +121,12 @@ def _training(run: RunData) -> dict[str, Any]:
     return out
 
 
-def _exact_distributions(run: RunData) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """Data-wait and step distributions over every batch, from the timing files."""
+def _exact_distributions(run: RunData,
+                         notes: list[str]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Data-wait and step distributions over every batch, from the timing files.
+
+    Damaged timing records are left out, and counted in ``notes``.
+    """
     tdir = os.path.join(run.path, "timing")
     try:
         names = [n for n in os.listdir(tdir) if n.endswith(".bin")]
@@ -131,6 +137,8 @@ def _exact_distributions(run: RunData) -> tuple[dict[str, Any], dict[str, Any]] 
         return None
     agg = TrainingAggregator()
     TimingReader(tdir).poll(agg)
+    if agg.skipped:
+        notes.append(f"{agg.skipped} damaged timing record(s) in timing/ were skipped")
     if not agg.waits:
         return None
     got = agg.take()
@@ -203,7 +211,7 @@ def _gpus(recs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any
     per: dict[int, dict[str, list[float]]] = {}
     for r in recs:
         for g in r.get("gpu") or []:
-            if not isinstance(g, dict) or "util_pct" not in g:
+            if not isinstance(g, dict) or g.get("util_pct") is None:  # None: NVML failed
                 continue
             p = per.setdefault(int(g.get("index", 0)), {"util": [], "mem": [], "total": []})
             p["util"].append(float(g["util_pct"]))

@@ -42,7 +42,12 @@ def build_multi(folder: str) -> dict[str, Any]:
     ranks: list[dict[str, Any]] = []
     notes: list[str] = []
     for path in paths:
-        rep = build_report(load_run(path))
+        try:
+            run = load_run(path)
+        except IolensError as exc:  # one node's unusable run: the others still report
+            notes.append(f"{os.path.basename(path)}: left out: {exc}")
+            continue
+        rep = build_report(run)
         host = rep["run"].get("host") or os.path.basename(path)
         notes += [f"{os.path.basename(path)}: {n}" for n in rep["notes"]]
         node_ranks = rep["training"].get("ranks") or []
@@ -58,6 +63,8 @@ def build_multi(folder: str) -> dict[str, Any]:
         nodes.append({"host": host, "path": rep["run"]["path"], "verdict": rep["verdict"],
                       "findings": rep["findings"], "training": rep["training"],
                       "devices": rep["devices"]})
+    if not nodes:
+        raise IolensError(f"{folder}: no usable run directory inside it ({'; '.join(notes)})")
     for r in ranks:
         if r.get("rank") is None:
             r["rank"] = r["run"]

@@ -7,6 +7,7 @@ prints as it is.
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -38,6 +39,9 @@ def _verdict(report: dict[str, Any]) -> RenderableType:
     if v.get("devices"):
         head.append("  device: " + ", ".join(map(str, v["devices"])))
     parts: list[RenderableType] = [head, Text("")]
+    if v.get("caveat"):
+        # What the verdict could not see (e.g. no device statistics) comes first.
+        parts += [Text(f"note: {v['caveat']}", style="yellow"), Text("")]
     parts.append(Text("Evidence", style="bold"))
     parts += [Text(f"  - {e}") for e in v.get("evidence") or []]
     if v.get("recommendations"):
@@ -157,9 +161,29 @@ def render(report: dict[str, Any]) -> RenderableType:
     return Group(*parts)
 
 
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(value: Any) -> Any:
+    """``value`` with every string's control characters shown as ``\\xNN`` escapes.
+
+    A recorded string (a command line, a path, a device name) may hold an
+    ESC that would drive the terminal (retitle it, hide text, move the
+    cursor) or a bidi override that reorders what is shown: neither reaches
+    the terminal raw. Newlines and tabs stay.
+    """
+    if isinstance(value, str):
+        return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], value)
+    if isinstance(value, dict):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [printable(v) for v in value]
+    return value
+
+
 def print_report(report: dict[str, Any], console: Console) -> None:
-    """Print the report to ``console`` (a file or the terminal)."""
-    console.print(render(report))
+    """Print the report to ``console`` (a file or the terminal); see :func:`printable`."""
+    console.print(render(printable(report)))
 
 
 def _ranks_table(ranks: list[dict[str, Any]], title: str) -> RenderableType | None:
@@ -212,5 +236,5 @@ def render_multi(report: dict[str, Any]) -> RenderableType:
 
 
 def print_multi(report: dict[str, Any], console: Console) -> None:
-    """Print the report over several runs to ``console``."""
-    console.print(render_multi(report))
+    """Print the report over several runs to ``console``; see :func:`printable`."""
+    console.print(render_multi(printable(report)))

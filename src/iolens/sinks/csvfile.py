@@ -22,18 +22,22 @@ CSV cannot grow one; meta.json notes it once (records.jsonl has its
 figures), and naming its path with --path gives it a column from the start.
 
 Each row is written with one ``write`` and cut back if the write fails, so
-the file holds whole rows only.
+the file holds whole rows only. FILE gets mode 0666 less the umask when it
+is made, and is never written through a link (see :func:`_open_csv`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import io
 import os
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from iolens.recorder.rundir import replace_with_new
 from iolens.sinks.base import SinkError
 
 BASE_COLUMNS = ("time", "t", "elapsed_s", "interval_s", "seq")
@@ -102,6 +106,52 @@ def row(record: Mapping[str, Any], devices: Sequence[str], gpus: Sequence[int]) 
     return [_cell(c) for c in cells]
 
 
+def _open_csv(path: str) -> int:
+    """``path`` emptied for writing, never through a link; SinkError says why not.
+
+    NOTE [no writes through links] in iolens/recorder/rundir.py: a symlink
+    is refused (it may have been planted towards another file; the user
+    names the file itself), a FIFO or device too; a file with other hard
+    links is replaced by a new one, so the other names keep their content.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+                     | os.O_NONBLOCK, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SinkError(f"--csv {path} is a symbolic link (to {_target(path)}); iolens "
+                            "writes no file through a link: give the file's own path") from None
+        if exc.errno in (errno.ENXIO, errno.EWOULDBLOCK):
+            raise SinkError(f"--csv {path} is not a regular file") from None
+        raise SinkError(f"--csv {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SinkError(f"--csv {path} is not a regular file")
+        if st.st_nlink == 1:
+            os.ftruncate(fd, 0)
+            os.set_blocking(fd, True)
+            return fd
+    except OSError as exc:
+        os.close(fd)
+        raise SinkError(f"--csv {path}: {exc.strerror or exc}") from None
+    except SinkError:
+        os.close(fd)
+        raise
+    os.close(fd)
+    try:
+        return replace_with_new(path)
+    except OSError as exc:
+        raise SinkError(f"--csv {path}: {exc.strerror or exc}") from None
+
+
+def _target(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
 class CsvSink:
     """Writes the records of a run as CSV rows; see the module's NOTE [stable header]."""
 
@@ -113,11 +163,7 @@ class CsvSink:
         device found later."""
         self.path = path
         self.note = note
-        try:
-            self._fd: int | None = os.open(
-                path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise SinkError(f"--csv {path}: {exc.strerror or exc}") from None
+        self._fd: int | None = _open_csv(path)
         self._size = 0
         self._devices = list(dict.fromkeys(devices))
         self._gpus: list[int] = []

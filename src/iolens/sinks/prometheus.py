@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import os
 import socket
 import threading
@@ -443,6 +444,30 @@ class Exporter:
         """Where the metrics are served."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
+
+    @property
+    def loopback(self) -> bool:
+        """Whether only this machine can reach the endpoint (it listens on a loopback
+        address)."""
+        host = self._bound_host().partition("%")[0]
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+    def _bound_host(self) -> str:
+        server = self._server
+        return str(server.server_address[0]) if server is not None else self.host
+
+    def notice(self, flag: str) -> str:
+        """Where the metrics are served and who can reach them, for a line on stderr at
+        start; ``flag`` is the option that chooses the address (``--listen``)."""
+        if self.loopback:
+            return (f"{self.url}, on loopback only (reachable from this machine alone; "
+                    f"{flag} 0.0.0.0:{self.port} serves every interface)")
+        return (f"{self.url}; warning: on this address the metrics (host, job and device "
+                f"names, I/O figures) are open to the network, without authentication; "
+                f"{flag} 127.0.0.1:{self.port} keeps them on this machine")
 
     def start(self) -> None:
         """Serve in a daemon thread."""

@@ -43,22 +43,40 @@ def _unescape(field: bytes) -> str:
     return os.fsdecode(raw)
 
 
-def parse_mountinfo(text: str | bytes) -> list[MountEntry]:
-    """Parse mountinfo text; lines that do not fit the format are skipped."""
-    data = os.fsencode(text) if isinstance(text, str) else text
-    entries = []
+class MountTable(list[MountEntry]):
+    """The entries of a mountinfo file, with the count of lines that did not fit."""
+
+    skipped: int = 0
+    """Lines that are not blank and do not have mountinfo's format."""
+
+
+def parse_mountinfo(text: str | bytes) -> MountTable:
+    """Parse mountinfo text; lines that do not fit the format are skipped and counted."""
+    if isinstance(text, str):
+        try:
+            data = os.fsencode(text)
+        except UnicodeEncodeError:  # a lone surrogate that surrogateescape does not map
+            data = text.encode("utf-8", "surrogatepass")
+    else:
+        data = text
+    entries = MountTable()
     for line in data.splitlines():
-        left, sep, right = line.partition(b" - ")
-        if not sep:
+        if not line.strip():
             continue
+        left, sep, right = line.partition(b" - ")
         fields = left.split()
         tail = right.split()
-        if len(fields) < 6 or len(tail) < 2:
+        if not sep or len(fields) < 6 or len(tail) < 2:
+            entries.skipped += 1
             continue
         major_s, _, minor_s = fields[2].partition(b":")
         try:
             devnum = (int(major_s), int(minor_s))
         except ValueError:
+            entries.skipped += 1
+            continue
+        if devnum[0] < 0 or devnum[1] < 0:
+            entries.skipped += 1
             continue
         entries.append(MountEntry(devnum, _unescape(fields[3]), _unescape(fields[4]),
                                   os.fsdecode(tail[0]), _unescape(tail[1]),
@@ -242,7 +260,7 @@ def _map_path(path: str, entries: list[MountEntry] | None, proc_root: str, sys_r
         # btrfs and others report an anonymous device number; the source names the disk.
         try:
             rdev = os.stat(mount.source).st_rdev
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL, written \000 in mountinfo
             rdev = 0
         if rdev:
             resolved = resolve_devnum(os.major(rdev), os.minor(rdev), sys_root)

@@ -17,9 +17,10 @@ class DiskSampler:
     """Takes :class:`DiskSnapshot` s cheaply, again and again.
 
     Reads ``<proc_root>/diskstats`` (one file for every device) and falls
-    back to ``<sys_root>/block/*/stat`` when it cannot be read. The interval
-    clock is ``<proc_root>/uptime``, or the monotonic clock when that is
-    missing. ``notes`` lists each fallback taken, in one sentence each.
+    back to ``<sys_root>/block/*/stat`` when it cannot be read or lists no
+    device. The interval clock is ``<proc_root>/uptime``, or the monotonic
+    clock when that is missing. ``notes`` lists each fallback taken, in one
+    sentence each.
 
     Raises :class:`StatsUnavailableError` from :meth:`snapshot` when neither
     source can be read.
@@ -45,21 +46,23 @@ class DiskSampler:
     def _read_counters(self) -> ParseResult:
         if self._diskstats is not None:
             try:
-                return self._diskstats.read()
+                return _listing(self._diskstats.read(), self._diskstats.path)
             except StatsUnavailableError as exc:
                 self._diskstats.close()
                 self._diskstats = None
                 self._sysblock = SysBlockReader(self.sys_root)
                 try:
-                    result = self._sysblock.read()
-                except StatsUnavailableError:
+                    result = _listing(self._sysblock.read(), self._sysblock.path)
+                except StatsUnavailableError as fallback:
+                    self._sysblock.close()
                     self._sysblock = None
-                    raise exc from None
+                    raise StatsUnavailableError(
+                        exc.path, f"{exc.reason}; and {fallback}") from None
                 self.notes.append(f"{exc}; reading {self._sysblock.path}/*/stat instead")
                 return result
         if self._sysblock is None:
             raise StatsUnavailableError(f"{self.proc_root}/diskstats", "unavailable")
-        return self._sysblock.read()
+        return _listing(self._sysblock.read(), self._sysblock.path)
 
     def _read_uptime_cs(self) -> int:
         if self._uptime is not None:
@@ -98,6 +101,19 @@ class DiskSampler:
         for reader in (self._diskstats, self._sysblock, self._uptime):
             if reader is not None:
                 reader.close()
+
+
+def _listing(result: ParseResult, path: str) -> ParseResult:
+    """``result``, unless it holds no line at all.
+
+    A container may bind an empty file over /proc/diskstats or mount an empty
+    /sys/block. Read as a machine without devices, that left a run without
+    device figures, no fallback to sysfs, and a verdict that blamed the watch
+    ("none serves the job's files?") instead of the missing statistics.
+    """
+    if not (result.devices or result.skipped_lines or result.old_format_lines):
+        raise StatsUnavailableError(path, "it lists no block device")
+    return result
 
 
 def read_snapshot_dir(path: str) -> DiskSnapshot:

@@ -19,11 +19,16 @@ _OLD_PARTITION_TOKENS = 7
 
 @dataclass(slots=True)
 class ParseResult:
-    """Parsed devices and the count of lines left out, by reason."""
+    """Parsed devices and the count of lines left out, by reason.
+
+    Every line that is not blank is a device, a skipped line or an old-format line.
+    """
 
     devices: dict[str, DiskCounters]
     skipped_lines: int = 0
+    """Lines that cannot be read, and repeats of a device name already read."""
     old_format_lines: int = 0
+    """Pre-2.6.25 partition lines (7 tokens, no extended statistics)."""
 
 
 def counters_from_values(major: int, minor: int, name: str, values: list[int]) -> DiskCounters:
@@ -48,26 +53,25 @@ def counters_from_values(major: int, minor: int, name: str, values: list[int]) -
 def parse_diskstats_line(line: str) -> DiskCounters | str | None:
     """Parse one line: counters, ``None`` for a blank line, or a reason string if it is unusable.
 
-    The reason is ``"old"`` for a 7-token partition line (no extended stats)
-    and ``"malformed"`` for anything else that cannot be read.
+    The reason is ``"old"`` for a 7-token partition line of numbers (no extended
+    stats) and ``"malformed"`` for anything else that cannot be read.
     """
     tokens = line.split()
     if not tokens:
         return None
     n = len(tokens)
+    if n != _OLD_PARTITION_TOKENS and n < _MIN_EXTENDED_TOKENS:
+        return "malformed"
+    # Plain ASCII digits only, checked at once: int() would also take "-1", "+1", "1_0"
+    # and other scripts' digits ("١٢"), none of which the kernel prints.
+    numbers = tokens[3:20]
+    joined = "".join((tokens[0], tokens[1], *numbers))
+    if not (joined.isascii() and joined.isdigit()):
+        return "malformed"
     if n == _OLD_PARTITION_TOKENS:
         return "old"
-    if n < _MIN_EXTENDED_TOKENS:
-        return "malformed"
-    try:
-        major = int(tokens[0])
-        minor = int(tokens[1])
-        values = list(map(int, tokens[3:20]))
-    except ValueError:
-        return "malformed"
-    if major < 0 or minor < 0 or any(v < 0 for v in values):
-        return "malformed"
-    return counters_from_values(major, minor, tokens[2], values)
+    return counters_from_values(int(tokens[0]), int(tokens[1]), tokens[2],
+                                list(map(int, numbers)))
 
 
 class DiskstatsParser:
@@ -102,6 +106,11 @@ class DiskstatsParser:
                     continue
                 rec = parsed
             new_cache[line] = rec
+            if rec.name in devices:
+                # A second line for one name: not something a kernel prints, so it
+                # is counted as skipped (the first stands) rather than silently lost.
+                result.skipped_lines += 1
+                continue
             devices[rec.name] = rec
         self._cache = new_cache
         return result
@@ -117,16 +126,13 @@ def parse_stat_file(name: str, text: str, major: int = 0, minor: int = 0) -> Dis
 
     Returns ``None`` when the text does not hold at least 11 non-negative integers.
     """
-    tokens = text.split()
+    tokens = text.split()[:17]
     if len(tokens) < 11:
         return None
-    try:
-        values = [int(t) for t in tokens[:17]]
-    except ValueError:
+    joined = "".join(tokens)  # plain ASCII digits only, as in parse_diskstats_line
+    if not (joined.isascii() and joined.isdigit()):
         return None
-    if any(v < 0 for v in values):
-        return None
-    return counters_from_values(major, minor, name, values)
+    return counters_from_values(major, minor, name, [int(t) for t in tokens])
 
 
 class DiskstatsReader:

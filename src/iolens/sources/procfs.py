@@ -46,7 +46,7 @@ def parse_proc_stat(text: str) -> ProcStat | None:
     pid_s, _, comm = head.partition(" (")
     fields = tail.split()
     try:
-        return ProcStat(
+        st = ProcStat(
             pid=int(pid_s),
             comm=comm,
             state=fields[0],
@@ -57,6 +57,12 @@ def parse_proc_stat(text: str) -> ProcStat | None:
         )
     except (IndexError, ValueError):
         return None
+    # The kernel prints none of these below zero; a negative one is not a stat file
+    # and would make a negative CPU rate.
+    if min(st.pid, st.ppid, st.utime_ticks, st.stime_ticks, int(fields[13]),
+           int(fields[14])) < 0:
+        return None
+    return st
 
 
 @dataclass(slots=True)
@@ -89,15 +95,20 @@ _IO_KEYS = {"rchar", "wchar", "read_bytes", "write_bytes", "cancelled_write_byte
 
 
 def parse_proc_io(text: str) -> ProcIO | None:
-    """Parse /proc/<pid>/io; ``None`` if none of its keys is there."""
+    """Parse /proc/<pid>/io; ``None`` if none of its keys is there with a count.
+
+    A known key whose value is not a non-negative integer is left out (read as 0).
+    """
     values: dict[str, int] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key in _IO_KEYS:
             try:
-                values[key] = int(value)
+                n = int(value)
             except ValueError:
                 continue
+            if n >= 0:  # the kernel's counters are unsigned
+                values[key] = n
     return ProcIO(**values) if values else None
 
 
@@ -122,13 +133,18 @@ class CpuTimes:
 
 
 def parse_cpu_times(text: str) -> CpuTimes | None:
-    """The first ``cpu`` line of /proc/stat; older kernels' shorter lines fill with zeros."""
+    """The first ``cpu`` line of /proc/stat; older kernels' shorter lines fill with zeros.
+
+    ``None`` when that line holds a value that is not a non-negative integer.
+    """
     for line in text.splitlines():
         if line.startswith("cpu "):
             parts = line.split()[1:9]
             try:
                 nums = [int(p) for p in parts]
             except ValueError:
+                return None
+            if nums and min(nums) < 0:
                 return None
             nums.extend([0] * (8 - len(nums)))
             return CpuTimes(*nums)
@@ -142,7 +158,9 @@ def cpu_percentages(prev: CpuTimes, cur: CpuTimes) -> dict[str, float]:
         return {k: 0.0 for k in ("user", "system", "iowait", "idle", "steal")}
 
     def pct(a: int, b: int) -> float:
-        return max(0.0, (a - b) / total * 100)
+        # Clamped: the aggregate line loses an offlined CPU's ticks (hot-unplug), so a
+        # state's counter may go back, or forward by more than the total did.
+        return min(100.0, max(0.0, (a - b) / total * 100))
 
     return {
         "user": pct(cur.user + cur.nice, prev.user + prev.nice),
@@ -163,7 +181,8 @@ def parse_meminfo(text: str) -> dict[str, int]:
         key, _, rest = line.partition(":")
         if key in _MEMINFO_KEYS:
             parts = rest.split()
-            if parts and parts[0].isdigit():
+            # isascii too: isdigit() accepts digits such as "²" that int() refuses.
+            if parts and parts[0].isascii() and parts[0].isdigit():
                 out[key] = int(parts[0]) * 1024
     return out
 

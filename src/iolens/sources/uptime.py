@@ -7,6 +7,10 @@ import os
 from iolens.sources._files import PreadFile
 
 
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
 def parse_uptime_cs(text: str) -> int:
     """Uptime in centiseconds, read as sysstat does (``%lu.%lu``: seconds*100 + fraction digits).
 
@@ -14,7 +18,9 @@ def parse_uptime_cs(text: str) -> int:
     """
     first = text.split(maxsplit=1)[0] if text.strip() else ""
     sec, dot, frac = first.partition(".")
-    if not sec.isdigit() or (dot and not frac.isdigit()):
+    # ASCII digits only: isdigit() also takes "²" (which int() refuses) and int() takes
+    # other scripts' digits ("١٢"); the kernel prints neither.
+    if not _digits(sec) or (dot and not _digits(frac)):
         raise ValueError(f"not an uptime: {text[:40]!r}")
     return int(sec) * 100 + (int(frac) if frac else 0)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import importlib.abc
 import importlib.machinery
 import json
@@ -22,19 +23,33 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+# (imported now: a job whose interpreter lacks iolens has it on sys.path only while the
+# bootstrap imports this module)
+from iolens.recorder.rundir import open_append, write_atomic
 from iolens.training import records
 
 _now = time.monotonic_ns
 
 
 class TimingWriter:
-    """Buffers records in memory and appends them to the process's timing file."""
+    """Buffers records in memory and appends them to the process's timing file.
 
-    __slots__ = ("_fd", "buf", "directory", "dropped", "error", "flush_ns", "last_flush", "pid",
-                 "written")
+    NOTE [spare timing folder]: when the run directory stops taking writes (a
+    full or read-only filesystem), the writer moves to ``spare``, a folder
+    `iolens run` made in memory (/dev/shm) for the purpose, and goes on there;
+    the recorder reads both and moves the spare files into the run at the end.
+    Only when that fails too are the records dropped (and counted).
+    """
 
-    def __init__(self, directory: str, flush_ns: int = 500_000_000) -> None:
+    __slots__ = ("_fd", "buf", "directory", "dropped", "error", "flush_ns", "last_flush", "moved",
+                 "pid", "spare", "written")
+
+    def __init__(self, directory: str, flush_ns: int = 500_000_000,
+                 spare: str | None = None) -> None:
         self.directory = directory
+        self.spare = spare
+        self.moved: str | None = None
+        """Why the records went to ``spare`` instead of ``directory``; None while they do not."""
         self.flush_ns = flush_ns
         self.buf: array[int] = array("q")
         self.last_flush = _now()
@@ -55,18 +70,31 @@ class TimingWriter:
             return
         try:
             if self._fd is None:
-                os.makedirs(self.directory, exist_ok=True)
-                path = os.path.join(self.directory, f"{self.pid}.bin")
-                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-                                   | os.O_NOFOLLOW, 0o644)
+                self._fd = open_append(os.path.join(self._folder(), f"{self.pid}.bin"))
             data = self.buf.tobytes()
             # One write of whole records: O_APPEND keeps concurrent readers on
-            # record boundaries except for a short final write, which the reader skips.
-            os.write(self._fd, data)
+            # record boundaries. A short write (a disk filling up) is cut back, so
+            # that what a later write appends stays on them too.
+            written = os.write(self._fd, data)
+            if written != len(data):
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
+                raise OSError(errno.ENOSPC, "No space left on device (short write)")
             self.written += len(self.buf) // 3
             del self.buf[:]
         except OSError as exc:
-            self.error = f"cannot write timing records: {exc.strerror or exc}"
+            why = f"cannot write timing records: {exc.strerror or exc}"
+            if self.spare and self.moved is None:
+                # NOTE [spare timing folder]: once, then on from there.
+                self.moved = f"{why} in {self.directory}"
+                self.directory = self.spare
+                fd, self._fd = self._fd, None
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                self.flush(self.last_flush)
+                return
+            self.error = why
             self._drop()
 
     def _drop(self) -> None:
@@ -77,14 +105,22 @@ class TimingWriter:
         """Write ``<pid>.json``: whether timing works here, and if not, why."""
         info = {"pid": self.pid, "records": self.written, "dropped": self.dropped,
                 "error": self.error, **extra}
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-            tmp = os.path.join(self.directory, f".{self.pid}.json.tmp")
-            with open(tmp, "w") as fh:
-                json.dump(info, fh)
-            os.replace(tmp, os.path.join(self.directory, f"{self.pid}.json"))
-        except OSError:
-            pass
+        if self.moved is not None:
+            info["moved"] = self.moved
+        with contextlib.suppress(OSError, TypeError, ValueError):
+            write_atomic(os.path.join(self._folder(), f"{self.pid}.json"),
+                         json.dumps(info).encode())
+
+    def _folder(self) -> str:
+        """The timing directory, made if missing; OSError when a symlink stands in its place.
+
+        The files in it are never written through a link either: NOTE [no writes
+        through links] in iolens/recorder/rundir.py.
+        """
+        os.makedirs(self.directory, exist_ok=True)
+        if os.path.islink(self.directory):
+            raise OSError(errno.ELOOP, "the timing directory is a symbolic link", self.directory)
+        return self.directory
 
     def close(self) -> None:
         """Flush and close; safe to call twice."""
@@ -106,13 +142,14 @@ def writer() -> TimingWriter | None:
     return _writer
 
 
-def start(directory: str, flush_ns: int = 500_000_000) -> TimingWriter:
-    """Turn timing on for this process, writing under ``directory``."""
+def start(directory: str, flush_ns: int = 500_000_000, spare: str | None = None) -> TimingWriter:
+    """Turn timing on for this process, writing under ``directory`` (or ``spare``, NOTE
+    [spare timing folder])."""
     global _writer, _registered
-    if _writer is None or _writer.directory != directory:
+    if _writer is None or _writer.directory not in (directory, spare):
         if _writer is not None:
             stop()
-        _writer = TimingWriter(directory, flush_ns)
+        _writer = TimingWriter(directory, flush_ns, spare)
         rank = _rank()
         if rank is not None:
             _writer.buf.extend((records.RANK, rank[0], rank[1]))
@@ -207,7 +244,13 @@ class TimedIterator:
 
     def __next__(self) -> Any:
         t0 = _now()
-        data = next(self._it)
+        try:
+            data = next(self._it)
+        except StopIteration:
+            w = _writer
+            if w is not None:
+                w.flush()  # the epoch's last batches, now (as the DataLoader patch does)
+            raise
         t1 = _now()
         w = _writer
         if w is not None:
@@ -344,7 +387,15 @@ def patch_dataloader(module: ModuleType) -> None:
 
     def __next__(self: Any) -> Any:
         t0 = _now()
-        data = orig_next(self)
+        try:
+            data = orig_next(self)
+        except StopIteration:
+            # The epoch is over: hand its last batches over now, not at the next
+            # epoch's, so that a job killed between epochs loses none of them.
+            w = _writer
+            if w is not None:
+                w.flush()
+            raise
         t1 = _now()
         w = _writer
         if w is not None:

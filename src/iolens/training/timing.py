@@ -42,6 +42,8 @@ class TrainingAggregator:
 
     waits: list[int] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
+    """When each batch of ``waits`` was handed over (ns), in the same order."""
     marks: list[int] = field(default_factory=list)
     epochs: int = 0
     num_workers: int = 0
@@ -51,6 +53,9 @@ class TrainingAggregator:
     """Worker pid -> worker id, as the loaders reported them."""
     ranks: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Training process pid -> (rank, world size), for multi-rank jobs (torchrun)."""
+    skipped: int = 0
+    """Records left out since the start: an unknown type, or times or counts that cannot be
+    (a batch returned before it was asked for, a negative worker count): a damaged file."""
     _per_pid: dict[int, list[float]] = field(default_factory=dict)
     """This interval's [batches, data wait ns, step ns] of each training process."""
     _streams: dict[tuple[int, int], _Stream] = field(default_factory=dict)
@@ -67,8 +72,12 @@ class TrainingAggregator:
                 stream = self._streams.setdefault(key, _Stream())
                 wait = b - a
                 step = b - stream.last_end if stream.last_end is not None else wait
+                if wait < 0 or step < 0:  # the clock is monotonic: a damaged record
+                    self.skipped += 1
+                    continue
                 self.waits.append(wait)
                 self.steps.append(step)
+                self.ends.append(b)
                 stream.last_end = b
                 per = self._per_pid.get(pid)
                 if per is None:
@@ -80,19 +89,27 @@ class TrainingAggregator:
                     self._epoch_pending.discard(key)
                     self.epoch_start_waits.append(wait)
             elif rtype == records.EPOCH:
+                if b < 0:
+                    self.skipped += 1
+                    continue
                 self._streams.setdefault(key, _Stream()).last_end = a
                 self._epoch_pending.add(key)
                 self.epochs += 1
                 self.num_workers = max(self.num_workers, b)
             elif rtype == records.STEP:
                 last = self._last_mark.get(pid)
+                if last is not None and a < last:
+                    self.skipped += 1
+                    continue
                 if last is not None:
                     self.marks.append(a - last)
                 self._last_mark[pid] = a
-            elif rtype == records.WORKER:
+            elif rtype == records.WORKER and a > 0 and b >= 0:
                 self.worker_pids[a] = b
-            elif rtype == records.RANK:
+            elif rtype == records.RANK and 0 <= a < b:
                 self.ranks[pid] = (a, b)
+            else:
+                self.skipped += 1
 
     def take(self) -> dict[str, Any]:
         """The figures since the last call, then start a new interval."""
@@ -120,17 +137,33 @@ class TrainingAggregator:
             out["world_size"] = max(ws for _, ws in self.ranks.values())
         self._per_pid = {}
         self.waits, self.steps, self.marks, self.epochs = [], [], [], 0
+        self.ends = []
         self.num_workers = 0
         self.epoch_start_waits = []
         return out
 
 
+def timing_pid(name: str) -> int | None:
+    """The pid of a timing file's name (``<pid>.bin``), or None for any other file.
+
+    ASCII digits only: ``str.isdigit`` also accepts digits such as "²" that ``int``
+    refuses.
+    """
+    stem, ext = name[:-4], name[-4:]
+    if ext != ".bin" or not (stem.isascii() and stem.isdigit()):
+        return None
+    return int(stem)
+
+
 class TimingReader:
     """Follows ``<run>/timing/*.bin`` as the training processes append to them."""
 
-    def __init__(self, directory: str | None) -> None:
-        """``directory`` None reads nothing (no training side to follow)."""
+    def __init__(self, directory: str | None, spare: str | None = None) -> None:
+        """``directory`` None reads nothing (no training side to follow); ``spare`` is
+        where the training processes go on writing when ``directory`` fails them (NOTE
+        [spare timing folder] in iolens/training/_hooks.py)."""
         self.directory = directory
+        self.spare = spare
         self._offsets: dict[str, int] = {}
         self.pids: set[int] = set()
         """Processes that have written timing records: those running the training loop."""
@@ -139,15 +172,19 @@ class TimingReader:
         """Feed every whole record written since the last poll; returns how many."""
         if self.directory is None:
             return 0
-        try:
-            names = os.listdir(self.directory)
-        except OSError:
-            return 0
-        count = 0
-        for name in names:
-            if not name.endswith(".bin") or not name[:-4].isdigit():
+        paths: list[tuple[int, str]] = []
+        # The run's folder first: a process that moved to the spare one wrote there first.
+        for directory in [d for d in (self.directory, self.spare) if d]:
+            try:
+                names = os.listdir(directory)
+            except OSError:
                 continue
-            path = os.path.join(self.directory, name)
+            for name in names:
+                pid = timing_pid(name)
+                if pid is not None:
+                    paths.append((pid, os.path.join(directory, name)))
+        count = 0
+        for pid, path in paths:
             offset = self._offsets.get(path, 0)
             try:
                 with open(path, "rb") as fh:
@@ -161,7 +198,6 @@ class TimingReader:
             recs = array("q")
             recs.frombytes(data[:whole])
             self._offsets[path] = offset + whole
-            pid = int(name[:-4])
             self.pids.add(pid)
             into.feed(pid, recs)
             count += whole // records.RECORD_BYTES
