@@ -1000,3 +1000,34 @@ def test_newer_records_with_unknown_fields_still_read(tmp_path: Path) -> None:
     assert len(run.records) == 5 and not skip_note(run.notes)
     assert any("newer iolens" in n for n in run.notes)
     check_report(run)
+
+
+def test_every_record_the_recorder_writes_reads_back(tmp_path: Path) -> None:
+    """Records a real recorder writes, flags included, pass the reader's shape check.
+
+    Real samples of this test's own process tree, one with a role whose
+    /proc/<pid>/io could not be read (the recorder writes ``io_readable: false``
+    then): none may be dropped by the reader, on the plain or the long-run path.
+    """
+    from iolens.analysis.longrun import record_problem
+    from iolens.recorder.rundir import RunDir
+    from iolens.recorder.sampler import Recorder, RoleTotals
+
+    run = RunDir(str(tmp_path / "run"))
+    recorder = Recorder(None, os.getpid(), 0.05, {})  # samples only: written below
+    try:
+        samples = []
+        for _ in range(3):
+            samples.append(recorder.sample())
+        unreadable = RoleTotals(pids=1, io_readable=False).record(1.0)
+        assert unreadable["io_readable"] is False
+        samples[-1]["job"]["roles"]["other"] = unreadable
+        for sample in samples:
+            assert record_problem(json.loads(json.dumps(sample))) is None, sample
+            run.append(sample)
+    finally:
+        recorder.close()
+        run.close()
+    for limit in (None, 0):  # the plain reader, then the long-run fold
+        data = load_run(str(tmp_path / "run"), max_records=limit)
+        assert not [n for n in data.notes if "skipped" in n], data.notes

@@ -147,6 +147,29 @@ def test_a_blocked_query_does_not_block_the_sampler(monkeypatch: pytest.MonkeyPa
     reader.close()
 
 
+def test_a_slow_nvml_still_gives_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML slower than the timeout but faster than the interval: figures one interval late."""
+    fake = _fake_nvml(count=1)
+    good = fake.nvmlDeviceGetUtilizationRates
+
+    def slow(h: int) -> Any:
+        time.sleep(0.3)  # slower than the 0.1 s timeout below, faster than the 0.5 s interval
+        return good(h)
+
+    fake.__dict__["nvmlDeviceGetUtilizationRates"] = slow
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    reader = GpuReader(timeout=0.1)
+    try:
+        samples = []
+        for _ in range(5):
+            samples.append(reader.sample()[0])
+            time.sleep(0.5)
+        assert "stale_s" in samples[0]  # the first query had nothing earlier to give
+        assert all(s.get("util_pct") == 40.0 for s in samples[1:]), samples
+    finally:
+        reader.close()
+
+
 # -- a real GPU -----------------------------------------------------------------------
 
 

@@ -157,11 +157,31 @@ def test_bad_arguments() -> None:
         (["--interval", "0.01", "--", "true"], "between 0.05 and 60"),
         (["--"], "no command"),
         (["--device", "nvme99n9", "--", "true"], "unknown device"),
+        (["--linger", "-1", "--", "true"], "--linger must be between 0 and 3600"),
     ]
     for args, text in cases:
         out = subprocess.run([sys.executable, "-m", "iolens", "run", *args], capture_output=True,
                              text=True, check=False)
         assert out.returncode == 2 and text in out.stderr
+
+
+def test_linger_zero_stops_with_the_job(tmp_path: Path) -> None:
+    """--linger 0: a process the job leaves running does not hold iolens run."""
+    job = ("import os, sys, time\n"
+           "if os.fork() == 0:\n"
+           "    null = os.open(os.devnull, os.O_WRONLY)\n"  # (not holding the test's pipes)
+           "    os.dup2(null, 1); os.dup2(null, 2)\n"
+           "    os.setsid(); time.sleep(60); os._exit(0)\n"
+           "sys.exit(4)\n")
+    t0 = time.monotonic()
+    out = iolens_run(tmp_path, "--out", "run", "--no-live", "--interval", "0.1", "--linger", "0",
+                     "--", sys.executable, "-c", job)
+    took = time.monotonic() - t0
+    assert out.returncode == 4, out.stderr
+    assert took < 30, took  # the grandchild sleeps 60 s
+    assert "left running" not in out.stderr
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["exit_code"] == 4
 
 
 def test_the_demo_training_under_iolens_run(tmp_path: Path) -> None:

@@ -449,11 +449,11 @@ def test_a_planted_csv_link_is_refused_before_the_job_starts(
     assert not marker.exists()
 
 
-def test_csv_sink_replaces_a_hard_link_and_refuses_a_fifo(tmp_path: Path) -> None:
-    """CSV sink replaces a hard-linked name and refuses a FIFO without hanging.
+def test_csv_sink_replaces_a_hard_link_and_refuses_a_fifo_nobody_reads(tmp_path: Path) -> None:
+    """CSV sink replaces a hard-linked name and refuses a FIFO nobody reads, without hanging.
 
     CsvSink on a name hard-linked to a victim file: a new file takes the name and the
-    victim keeps its bytes; on a FIFO: a SinkError at once, no hang."""
+    victim keeps its bytes; on a FIFO no process reads: a SinkError at once, no hang."""
     victim = tmp_path / "victim.txt"
     victim.write_text(VICTIM_TEXT)
     os.link(victim, tmp_path / "rows.csv")
@@ -462,8 +462,31 @@ def test_csv_sink_replaces_a_hard_link_and_refuses_a_fifo(tmp_path: Path) -> Non
     assert victim.read_text() == VICTIM_TEXT
     assert (tmp_path / "rows.csv").read_text().startswith("time,t,")
     os.mkfifo(tmp_path / "fifo.csv")
-    with pytest.raises(SinkError, match="not a regular file"):
+    with pytest.raises(SinkError, match="a pipe nobody reads"):
         CsvSink(str(tmp_path / "fifo.csv"), [])
+
+
+def test_csv_to_a_stream_the_user_names(tmp_path: Path) -> None:
+    """`--csv /dev/stdout` and a link to a pipe write the stream; no file is replaced.
+
+    A stream named directly or through a link (as /dev/stdout is) is no file whose
+    content a planted link could destroy: the rows go to it and the link stays."""
+    out = iolens("run", "--out", "run", "--no-live", "--interval", "0.1", "--csv", "/dev/stdout",
+                 "--", sys.executable, "-c", "import time; time.sleep(0.5)", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("time,t,elapsed_s,"), out.stdout[:200]
+    assert os.path.islink("/dev/stdout")
+    r, w = os.pipe()
+    try:
+        link = tmp_path / "rows.csv"
+        link.symlink_to(f"/proc/{os.getpid()}/fd/{w}")
+        sink = CsvSink(str(link), ["sda"])
+        sink.close()
+        assert os.read(r, 1 << 16).startswith(b"time,t,")
+        assert link.is_symlink()
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def test_run_dir_replaces_a_fifo_or_hard_link_in_place_of_records(tmp_path: Path) -> None:

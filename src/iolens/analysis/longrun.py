@@ -78,11 +78,18 @@ def _not_figure(v: Any) -> bool:
     return True
 
 
+_FLAGS = frozenset({"io_readable"})
+"""Keys the recorder writes as true/false among figures (a role's /proc/<pid>/io that
+could not be read)."""
+
+
 def _bad_map(d: Any, where: str) -> str | None:
-    """Why ``d`` is not a map of figures, or None when it is one."""
+    """Why ``d`` is not a map of figures (and flags), or None when it is one."""
     if not isinstance(d, dict):
         return f"{where} is not an object"
     for k, v in d.items():
+        if k in _FLAGS and isinstance(v, bool):
+            continue
         if _not_figure(v):
             return f"{where}.{k} is {_show(v)}"
     return None

@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also watch block device D, e.g. nvme0n1 (repeatable)")
     p.add_argument("--no-instrument", dest="instrument", action="store_false",
                    help="do not time the DataLoader inside the job")
+    p.add_argument("--linger", type=float, default=10.0, metavar="S",
+                   help="go on recording processes the job leaves running for at most S "
+                        "seconds after it exits (default 10; 0: stop with the job)")
     p.add_argument("--prometheus", metavar="[HOST:]PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics while the job "
                         "runs (HOST 127.0.0.1 unless given; port 0 picks a free one)")
@@ -133,6 +136,8 @@ def run(ns: argparse.Namespace) -> int:
     for flag, value in (("--csv", ns.csv), ("--tensorboard", ns.tensorboard), ("--job", ns.job)):
         if value is not None and not value.strip():
             p.error(f"{flag} needs a value")
+    if not 0 <= ns.linger <= 3600:
+        p.error(f"--linger must be between 0 and 3600 seconds, not {ns.linger:g}")
     out = ns.out or default_run_dir("iolens-runs", command)
     held = os.path.join(out, RECORDS)  # (a symlink planted there is no run: RunDir replaces it)
     if os.path.isfile(held) and not os.path.islink(held):
@@ -141,7 +146,7 @@ def run(ns: argparse.Namespace) -> int:
                       devices=ns.device, proc_root=ns.proc_root, sys_root=ns.sys_root,
                       instrument=ns.instrument, quiet=ns.quiet, live=ns.live,
                       prometheus=ns.prometheus, job=ns.job, csv=ns.csv,
-                      tensorboard=ns.tensorboard)
+                      tensorboard=ns.tensorboard, linger=ns.linger)
     try:
         return run_job(opts)
     except SinkError as exc:

@@ -47,10 +47,10 @@ from iolens.sources.devmap import device_for_path
 if TYPE_CHECKING:
     from iolens.sinks.prometheus import Exporter
 
-UNFINISHED = ("the recording did not finish: iolens was stopped (killed?) before the job "
-              "ended, or could not replace this meta.json at the end (a full or read-only "
-              "filesystem), so the end, the exit code and the summary are missing; the "
-              "records written up to then are kept")
+UNFINISHED = ("the recording did not finish, or is still going on: iolens was stopped "
+              "(killed?) before the job ended, or could not replace this meta.json at the end "
+              "(a full or read-only filesystem), so the end, the exit code and the summary "
+              "are missing; the records written up to then are kept")
 """A note in the meta.json written at the start only: the final one replaces it, so a
 run directory whose recorder was killed says so in its report."""
 
@@ -263,6 +263,9 @@ def run(opts: RunOptions) -> int:
             fan.notes = recorder.notes
             meta = recorder.base_meta(opts.command, {
                 "instrumented": opts.instrument, **outputs_meta,
+                # Where the job's timing goes should the run directory fail it: after
+                # a kill of iolens, the one place that says so.
+                "timing_spare": spare,
                 "notes": [*recorder.notes, UNFINISHED]})
             run_dir.write_meta(meta)
             watched = ", ".join(f"{d} ({why})" for d, why in watch.items()) or "no device"
@@ -281,7 +284,7 @@ def run(opts: RunOptions) -> int:
             recorder.loop(wait, on_record=fan if fan.names else None)
             fan(recorder.sample())  # the last, partial interval
             leftovers = None
-            if recorder.leftovers:
+            if recorder.leftovers and opts.linger > 0:
                 rc = child.wait()
                 say = None if view is not None and view.active else partial(_say, opts)
                 leftovers = _record_leftovers(opts, recorder, fan, stopped_by, say)
@@ -294,7 +297,7 @@ def run(opts: RunOptions) -> int:
             _say(opts, f"recording stopped: {exc!r}; the job runs on")
             if recorder is not None:
                 recorder.notes.append(f"recording stopped: {exc!r}")
-        rc = child.wait()
+        rc = _wait_reaping(child)
     finally:
         if view is not None:
             view.stop()
@@ -355,6 +358,17 @@ def _exit_waiter(child: subprocess.Popen[bytes]) -> Callable[[float], bool]:
             return False
 
     return wait
+
+
+def _wait_reaping(child: subprocess.Popen[bytes]) -> int:
+    """Wait for the job, collecting meanwhile the orphans it leaves with iolens (a
+    subreaper), also when the recording has stopped early (NOTE [leftovers])."""
+    while True:
+        _reap_adopted(keep=child.pid)
+        try:
+            return child.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _become_subreaper() -> bool:
@@ -558,10 +572,8 @@ def finish_run(run_dir: RunDir, recorder: Recorder | None, command: list[str],
     meta["summary"] = summary
     if not run_dir.write_meta(meta) or lost:
         why = run_dir.write_error or error
-        copy = _save_elsewhere(run_dir.path, records, meta, why, recorder.unsaved_dropped,
-                               spare=spare)
-        if copy is not None:
-            spare = None  # moved into the copy
+        copy, spare = _save_elsewhere(run_dir.path, records, meta, why,
+                                      recorder.unsaved_dropped, spare=spare)
         if copy is not None:
             done.path, done.records = copy, len(records)
             done.warnings.append(f"{why}; the whole run is saved in {copy} instead")
@@ -612,53 +624,64 @@ def _take_spare(spare: str | None, dest: str) -> tuple[int, str | None]:
 
 def _add_files(src: str, names: list[str], dest: str) -> None:
     """Append each ``.bin`` file of ``src`` to its namesake in ``dest``, replace the others;
-    never through a link, and each append is undone if it fails part way."""
+    never through a link. Each file leaves ``src`` once added, and an append that fails
+    part way is cut back, so that a later attempt adds nothing twice."""
     os.makedirs(dest, exist_ok=True)
     if os.path.islink(dest):
         raise OSError(f"{dest} is a symbolic link")
     for name in names:
-        with open(os.path.join(src, name), "rb") as fh:
-            data = fh.read()
-        target = os.path.join(dest, name)
+        source, target = os.path.join(src, name), os.path.join(dest, name)
         if not name.endswith(".bin"):
-            write_atomic(target, data)
+            with open(source, "rb") as fh:
+                write_atomic(target, fh.read())  # a status file: a few hundred bytes
+            os.unlink(source)
             continue
         fd = open_append(target)
         try:
             size = os.fstat(fd).st_size
             try:
-                if os.write(fd, data) != len(data):
-                    raise OSError(f"cannot add to {target}: short write")
+                with open(source, "rb") as fh:
+                    while chunk := fh.read(1 << 20):
+                        if os.write(fd, chunk) != len(chunk):
+                            raise OSError(f"cannot add to {target}: short write")
             except OSError:
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, size)
                 raise
         finally:
             os.close(fd)
+        os.unlink(source)
 
 
 def _save_elsewhere(origin: str, records: list[dict[str, Any]], meta: dict[str, Any],
-                    why: str | None, dropped: int, *, spare: str | None = None) -> str | None:
+                    why: str | None, dropped: int, *,
+                    spare: str | None = None) -> tuple[str | None, str | None]:
     """Write every record and the final meta.json to a new temporary folder, with the
-    timing files of ``spare``; its path, or None when that fails too."""
+    timing files of ``spare``: (its path or None when that fails too, the spare folder
+    if it is still there)."""
     try:
         path = tempfile.mkdtemp(prefix="iolens-run-")
+    except OSError:
+        return None, spare
+    try:
         copy = RunDir(path)
     except OSError:
-        return None
+        shutil.rmtree(path, ignore_errors=True)
+        return None, spare
     for rec in records:
         copy.append(rec)
     copy.close()
+    if copy.lost_lines:  # this disk is full too: the copy would hold less than the original
+        shutil.rmtree(path, ignore_errors=True)
+        return None, spare
     moved, spare = _take_spare(spare, copy.timing_dir)
     note = (f"saved here because {origin} could not hold the run ({why}); the training's "
             "raw timing files written before that stay there"
             + (f", those written after it are here ({moved} file(s))" if moved else ""))
-    meta = {**meta, "saved_from": origin, "records": copy.lines,
-            "lost_records": copy.lost_lines + dropped,
-            "write_error": copy.write_error, "notes": [*meta.get("notes", []), note]}
-    if copy.lost_lines or spare is not None or not copy.write_meta(meta):
-        return None
-    return path
+    meta = {**meta, "saved_from": origin, "records": copy.lines, "lost_records": dropped,
+            "write_error": None, "notes": [*meta.get("notes", []), note]}
+    copy.write_meta(meta)  # without it the records still read; the caller warns of the spare
+    return path, spare
 
 
 def _seq(rec: dict[str, Any]) -> int:

@@ -110,10 +110,23 @@ def _open_csv(path: str) -> int:
     """``path`` emptied for writing, never through a link; SinkError says why not.
 
     NOTE [no writes through links] in iolens/recorder/rundir.py: a symlink
-    is refused (it may have been planted towards another file; the user
-    names the file itself), a FIFO or device too; a file with other hard
-    links is replaced by a new one, so the other names keep their content.
+    to a file is refused (it may have been planted towards another file; the
+    user names the file itself); a file with other hard links is replaced by
+    a new one, so the other names keep their content. A stream the user names
+    (a pipe, a terminal, /dev/stdout, /dev/fd/N, /dev/null), directly or
+    through a link, is written as it is: no file's content is at stake. It
+    stays non-blocking, so a reader that stalls costs the CSV, never the
+    recorder.
     """
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode):
+            try:
+                return os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError as exc:
+                why = ("a pipe nobody reads" if exc.errno == errno.ENXIO
+                       else exc.strerror or str(exc))
+                raise SinkError(f"--csv {path}: {why}") from None
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
                      | os.O_NONBLOCK, 0o666)

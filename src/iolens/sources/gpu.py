@@ -148,12 +148,22 @@ class GpuReader:
         with self._cond:
             if not self.available or self._closing or not self._handles:
                 return []
-            if self._busy_since is None:  # idle: ask for a fresh answer
-                self._answer = None
+            late, self._answer = self._answer, None
+            if self._busy_since is None:
+                # Idle: ask for a fresh answer. One that came after its sample gave up
+                # (NVML slower than ``timeout``) is used now, and the next is asked for
+                # at once, so that a slow NVML gives figures one interval old rather
+                # than none.
                 self._asked = True
                 self._cond.notify_all()
-                self._cond.wait_for(lambda: self._answer is not None, self.timeout)
-            answer, self._answer = self._answer, None
+            if late is not None:
+                answer: list[dict[str, Any]] | None = late
+            else:
+                since = self._busy_since
+                waited = time.monotonic() - since if since is not None else 0.0
+                self._cond.wait_for(lambda: self._answer is not None,
+                                    max(0.0, self.timeout - waited))
+                answer, self._answer = self._answer, None
             if answer is None:
                 since = self._busy_since
                 blocked = time.monotonic() - since if since is not None else self.timeout

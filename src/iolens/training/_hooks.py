@@ -30,6 +30,10 @@ from iolens.training import records
 
 _now = time.monotonic_ns
 
+SPARE_LIMIT_BYTES = 16 << 20
+"""At most this much of the job's timing goes to the spare folder in /dev/shm (NOTE
+[spare timing folder]): 700,000 batches."""
+
 
 class TimingWriter:
     """Buffers records in memory and appends them to the process's timing file.
@@ -38,11 +42,13 @@ class TimingWriter:
     full or read-only filesystem), the writer moves to ``spare``, a folder
     `iolens run` made in memory (/dev/shm) for the purpose, and goes on there;
     the recorder reads both and moves the spare files into the run at the end.
-    Only when that fails too are the records dropped (and counted).
+    Only when that fails too, or past SPARE_LIMIT_BYTES (the DataLoader's
+    workers need /dev/shm, and its pages count against the job's memory), are
+    the records dropped (and counted).
     """
 
     __slots__ = ("_fd", "buf", "directory", "dropped", "error", "flush_ns", "last_flush", "moved",
-                 "pid", "spare", "written")
+                 "pid", "spare", "spare_bytes", "written")
 
     def __init__(self, directory: str, flush_ns: int = 500_000_000,
                  spare: str | None = None) -> None:
@@ -50,6 +56,7 @@ class TimingWriter:
         self.spare = spare
         self.moved: str | None = None
         """Why the records went to ``spare`` instead of ``directory``; None while they do not."""
+        self.spare_bytes = 0
         self.flush_ns = flush_ns
         self.buf: array[int] = array("q")
         self.last_flush = _now()
@@ -72,6 +79,13 @@ class TimingWriter:
             if self._fd is None:
                 self._fd = open_append(os.path.join(self._folder(), f"{self.pid}.bin"))
             data = self.buf.tobytes()
+            if self.moved is not None:
+                if self.spare_bytes + len(data) > SPARE_LIMIT_BYTES:
+                    self.error = (f"timing records past {SPARE_LIMIT_BYTES >> 20} MiB in the "
+                                  f"spare folder are dropped ({self.moved})")
+                    self._drop()
+                    return
+                self.spare_bytes += len(data)
             # One write of whole records: O_APPEND keeps concurrent readers on
             # record boundaries. A short write (a disk filling up) is cut back, so
             # that what a later write appends stays on them too.
@@ -249,7 +263,8 @@ class TimedIterator:
         except StopIteration:
             w = _writer
             if w is not None:
-                w.flush()  # the epoch's last batches, now (as the DataLoader patch does)
+                with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+                    w.flush()  # the epoch's last batches, now (as the DataLoader patch does)
             raise
         t1 = _now()
         w = _writer
@@ -394,7 +409,8 @@ def patch_dataloader(module: ModuleType) -> None:
             # epoch's, so that a job killed between epochs loses none of them.
             w = _writer
             if w is not None:
-                w.flush()
+                with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+                    w.flush()
             raise
         t1 = _now()
         w = _writer
