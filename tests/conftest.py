@@ -7,12 +7,14 @@ into a failure, so CI cannot pass by skipping them.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
 import shutil
 import subprocess
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +43,20 @@ def iostat_ns() -> None:
     """Requires sysstat's iostat and a private mount namespace to feed it fixtures."""
     need(shutil.which("iostat") is not None, "sysstat's iostat is not installed")
     need(can_unshare_mounts(), "needs root and unshare(1) to bind-mount fixtures over /proc")
+
+
+@contextlib.contextmanager
+def mounted(source: str, target: Path, *opts: str) -> Iterator[Path]:
+    """``source`` mounted on ``target`` (made if missing) for the block; unmounted after,
+    lazily when something still holds it."""
+    target.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", *opts, source, str(target)], check=True, capture_output=True)
+    try:
+        yield target
+    finally:
+        if subprocess.run(["umount", str(target)], check=False,
+                          capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(target)], check=False, capture_output=True)
 
 
 @pytest.fixture

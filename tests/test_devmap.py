@@ -16,7 +16,7 @@ import pytest
 
 from iolens import device_for_path
 from iolens.sources.devmap import nearest_existing, parse_mountinfo, resolve_devnum
-from tests.conftest import need
+from tests.conftest import mounted, need
 
 
 def link(path: Path, target: str) -> None:
@@ -143,16 +143,6 @@ def loop_device(image: Path, partscan: bool = False) -> Iterator[str]:
         yield dev
     finally:
         subprocess.run(["losetup", "-d", dev], check=False)
-
-
-@contextlib.contextmanager
-def mounted(source: str, target: Path, *opts: str) -> Iterator[Path]:
-    target.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", *opts, source, str(target)], check=True, capture_output=True)
-    try:
-        yield target
-    finally:
-        subprocess.run(["umount", "-l", str(target)], check=False)
 
 
 def mkfs(dev: str, fstype: str = "ext4") -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import need
+from tests.conftest import mounted, need
 
 pytest.importorskip("torch")
 
@@ -200,13 +200,16 @@ def iolens_cmd(out: Path, *args: str, interval: float = 0.2) -> list[str]:
             str(interval), "--no-live", *args, "--"]
 
 
-def run_to_end(cmd: list[str], cwd: Path, timeout: float = RUN_TIMEOUT_S) -> Outcome:
+def run_to_end(cmd: list[str], cwd: Path, timeout: float = RUN_TIMEOUT_S,
+               during: Callable[[subprocess.Popen[str]], None] | None = None) -> Outcome:
     """Run ``cmd`` to its end, its output into files (a process it leaves behind may hold
-    a pipe open long after it exited)."""
+    a pipe open long after it exited); ``during`` acts on the process while it runs."""
     t0 = time.monotonic()
     with open(cwd / "stdout", "w+") as so, open(cwd / "stderr", "w+") as se:
         proc = subprocess.Popen(cmd, cwd=cwd, stdout=so, stderr=se, text=True)
         try:
+            if during is not None:
+                during(proc)
             code = proc.wait(timeout=timeout)
         finally:
             if proc.poll() is None:
@@ -417,24 +420,17 @@ def test_monitor_sidecar_killed_mid_run(work: Path, baselines: Baselines, tmp_pa
     base = baselines.get(("kill-recorder", *args),
                          lambda: run_to_end(train_cmd(work, *args), work))
     run = tmp_path / "run"
-    with open(tmp_path / "stdout", "w+") as so, open(tmp_path / "stderr", "w+") as se:
-        proc = subprocess.Popen(train_cmd(work, *args, "--monitor", str(run)), cwd=tmp_path,
-                                stdout=so, stderr=se, text=True)
-        try:
-            wait_for_records(run, 2)
-            kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-            sidecar = [int(k) for k in kids if b"iolens.recorder.sidecar" in
-                       Path(f"/proc/{k}/cmdline").read_bytes()]
-            assert len(sidecar) == 1, kids
-            os.kill(sidecar[0], signal.SIGKILL)
-            code = proc.wait(timeout=RUN_TIMEOUT_S)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        so.seek(0)
-        se.seek(0)
-        got = Outcome(so.read(), shell_code(code), se.read())
+
+    def kill_sidecar(proc: subprocess.Popen[str]) -> None:
+        wait_for_records(run, 2)
+        kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        sidecar = [int(k) for k in kids if b"iolens.recorder.sidecar" in
+                   Path(f"/proc/{k}/cmdline").read_bytes()]
+        assert len(sidecar) == 1, kids
+        os.kill(sidecar[0], signal.SIGKILL)
+
+    got = run_to_end(train_cmd(work, *args, "--monitor", str(run)), tmp_path,
+                     during=kill_sidecar)
     same_result(got, base)
     recs = read_records(run)
     rep = report(run)
@@ -669,18 +665,6 @@ def own_loop(image: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def mounted(source: str, target: Path, *opts: str) -> Iterator[Path]:
-    target.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", *opts, source, str(target)], check=True, capture_output=True)
-    try:
-        yield target
-    finally:
-        if subprocess.run(["umount", str(target)], check=False,
-                          capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(target)], check=False, capture_output=True)
-
-
-@contextlib.contextmanager
 def ext4_loop(tmp_path: Path, *mount_opts: str, size: int = 16 << 20
               ) -> Iterator[tuple[str, Path]]:
     """A fresh ext4 on a loop device of our own, mounted at ``tmp_path/mnt``."""
@@ -732,20 +716,16 @@ def run_and_break(cmd: list[str], cwd: Path, run: Path, breaker: Callable[[], No
                   ) -> tuple[Outcome, bytes]:
     """Run ``cmd`` (iolens run into ``run``) and call ``breaker`` once 3 records are
     written; returns how it ended and the records file as it was just before."""
-    with open(cwd / "stdout", "w+") as so, open(cwd / "stderr", "w+") as se:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=so, stderr=se, text=True)
-        try:
-            size = wait_for_records(run, 3)
-            before = (run / "records.jsonl").read_bytes()[:size]
-            breaker()
-            code = proc.wait(timeout=RUN_TIMEOUT_S)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        so.seek(0)
-        se.seek(0)
-        return Outcome(so.read(), shell_code(code), se.read()), before
+    before = b""
+
+    def break_it(proc: subprocess.Popen[str]) -> None:
+        nonlocal before
+        del proc
+        size = wait_for_records(run, 3)
+        before = (run / "records.jsonl").read_bytes()[:size]
+        breaker()
+
+    return run_to_end(cmd, cwd, during=break_it), before
 
 
 @contextlib.contextmanager
@@ -914,23 +894,17 @@ def test_sixty_four_workers(work: Path, baselines: Baselines, tmp_path: Path,
     args = ("--workers", "64", "--epochs", "1", "--batch", "8")
     base = baselines.get(("64", *args), lambda: run_to_end(train_cmd(work, *args, data=data), work))
     run = tmp_path / "run"
-    t0 = time.monotonic()
     last: int | None = None
-    with open(tmp_path / "stdout", "w+") as so, open(tmp_path / "stderr", "w+") as se:
-        proc = subprocess.Popen(iolens_cmd(run) + train_cmd(work, *args, data=data),
-                                cwd=tmp_path, stdout=so, stderr=se, text=True)
-        try:
-            while proc.poll() is None and time.monotonic() - t0 < RUN_TIMEOUT_S:
-                last = _cpu_ticks(proc.pid) or last
-                time.sleep(0.05)
-            code = proc.wait(timeout=5)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        so.seek(0)
-        se.seek(0)
-        got = Outcome(so.read(), shell_code(code), se.read(), time.monotonic() - t0)
+
+    def watch_cpu(proc: subprocess.Popen[str]) -> None:
+        nonlocal last
+        t0 = time.monotonic()
+        while proc.poll() is None and time.monotonic() - t0 < RUN_TIMEOUT_S:
+            last = _cpu_ticks(proc.pid) or last
+            time.sleep(0.05)
+
+    got = run_to_end(iolens_cmd(run) + train_cmd(work, *args, data=data), tmp_path,
+                     during=watch_cpu)
     same_result(got, base)
     recs = read_records(run)
     workers = max(r["job"]["roles"].get("worker", {}).get("pids", 0) for r in recs)

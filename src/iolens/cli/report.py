@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
 import stat
 import sys
-import tempfile
 from typing import Any
 
 from iolens._errors import IolensError
+from iolens.recorder.rundir import write_atomic
 
 _EPILOG = """\
 formats:
@@ -75,20 +74,7 @@ def _write_atomic(path: str, data: str, *, streams: bool = True) -> None:
             with open(path, "w", encoding="utf-8") as fh:
                 fh.write(data)
             return
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".iolens-report-", dir=folder)
-    try:
-        # mkstemp makes the file private (0600); a report gets the usual mode.
-        mask = os.umask(0)
-        os.umask(mask)
-        os.fchmod(fd, 0o666 & ~mask)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(os.path.abspath(path), data.encode("utf-8"))
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -37,7 +37,14 @@ import iolens
 from iolens.analysis.verdict import diagnose, verdict_lines
 from iolens.live.history import Header
 from iolens.live.view import LiveView, is_terminal
-from iolens.recorder.rundir import RECORDS, RunDir, open_append, rfc3339, write_atomic
+from iolens.recorder.rundir import (
+    RECORDS,
+    RunDir,
+    append_whole,
+    open_append,
+    rfc3339,
+    write_atomic,
+)
 from iolens.recorder.sampler import Recorder
 from iolens.recorder.summary import summarize, summary_lines
 from iolens.sinks.base import CallbackSink, FanOut, Sink
@@ -552,8 +559,8 @@ def finish_run(run_dir: RunDir, recorder: Recorder | None, command: list[str],
         done.warnings.append(f"{error}; {late} interval(s) written late, at the end")
     if moved:
         recorder.notes.append(f"{moved} timing file(s) the job could not write into "
-                              f"{run_dir.timing_dir} were kept in memory and added there at "
-                              "the end")
+                              f"{run_dir.timing_dir} were kept in a spare folder and added "
+                              "there at the end")
     meta = recorder.base_meta(command, {
         "devices": recorder.watch,
         "end": rfc3339(time.time()),
@@ -581,7 +588,8 @@ def finish_run(run_dir: RunDir, recorder: Recorder | None, command: list[str],
             done.warnings.append(f"{why}; {lost} interval(s) not saved")
     if spare is not None:
         done.warnings.append(f"the job's timing records that {run_dir.timing_dir} could not "
-                             f"take are in {spare} (in memory: copy them before a restart)")
+                             f"take are in {spare} (copy them out: /dev/shm does not survive "
+                             "a restart)")
     recorder.close()
     return done
 
@@ -642,8 +650,7 @@ def _add_files(src: str, names: list[str], dest: str) -> None:
             try:
                 with open(source, "rb") as fh:
                     while chunk := fh.read(1 << 20):
-                        if os.write(fd, chunk) != len(chunk):
-                            raise OSError(f"cannot add to {target}: short write")
+                        append_whole(fd, chunk, os.fstat(fd).st_size)
             except OSError:
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, size)

@@ -114,6 +114,21 @@ def open_append(path: str) -> int:
     return replace_with_new(path, os.O_APPEND)
 
 
+def append_whole(fd: int, data: bytes, size: int) -> None:
+    """Append ``data`` to ``fd`` (a file now ``size`` bytes long) with one write, whole or
+    not at all: whatever part of a failed or short write (a disk filling up) got in is
+    cut back, so that every line or record in the file stays whole and what a later
+    write appends starts on a boundary. OSError says why it failed."""
+    try:
+        written = os.write(fd, data)
+        if written != len(data):
+            raise OSError(errno.ENOSPC, "No space left on device (short write)")
+    except OSError:
+        with contextlib.suppress(OSError):  # (a pipe cannot be cut back: nothing to do)
+            os.ftruncate(fd, size)
+        raise
+
+
 def write_atomic(path: str, data: bytes) -> None:
     """Replace ``path`` with a file holding ``data``: a new file renamed over it (NOTE above)."""
     fd, tmp = _new_temp(path)
@@ -156,18 +171,12 @@ class RunDir:
             self.lost_lines += 1
             return False
         try:
-            written = os.write(self._fd, line)
-            if written != len(line):
-                raise OSError(28, "No space left on device (short write)")
+            append_whole(self._fd, line, self._size)
         except OSError as exc:
-            # Cut back whatever part of the line reached the file, so that every
-            # line in it stays whole and parseable.
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, self._size)
             self.lost_lines += 1
             self.write_error = f"cannot write {RECORDS}: {exc.strerror or exc}"
             return False
-        self._size += written
+        self._size += len(line)
         self.lines += 1
         return True
 

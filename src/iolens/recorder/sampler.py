@@ -8,6 +8,7 @@ training for the GIL.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import socket
@@ -39,8 +40,10 @@ _GONE_STATES = frozenset("ZXx")
 # Records kept in memory while the run directory cannot take them: ~1-2 KB each,
 # so at most some 20 MB, about 3 hours at the default interval.
 _UNSAVED_MAX = 10_000
-# How often (in samples) the job's open files are scanned for new devices.
+# How often (in samples) the job's open files are scanned for new devices: every 5
+# samples, and no more than once a second (at a 0.05 s interval, every 20).
 _DISCOVER_EVERY = 5
+_DISCOVER_MIN_S = 1.0
 _DEVICE_FIELDS = ("r_s", "rkB_s", "rrqm_s", "r_await", "rareq_sz", "w_s", "wkB_s", "wrqm_s",
                   "w_await", "wareq_sz", "d_s", "f_s", "aqu_sz", "util")
 
@@ -311,7 +314,8 @@ class Recorder:
         rec = job.record(seconds)
         rec["states"] = states
         rec["roles"] = {k: v.record(seconds) for k, v in totals.items() if v.pids}
-        if self.discover and self.seq % _DISCOVER_EVERY == 0:
+        every = max(_DISCOVER_EVERY, math.ceil(_DISCOVER_MIN_S / self.interval))
+        if self.discover and self.seq % every == 0:
             self._discover_devices([p for p in samples if p not in self.exclude_pids])
         return rec
 

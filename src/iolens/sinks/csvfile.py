@@ -37,7 +37,7 @@ import stat
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from iolens.recorder.rundir import replace_with_new
+from iolens.recorder.rundir import append_whole, replace_with_new
 from iolens.sinks.base import SinkError
 
 BASE_COLUMNS = ("time", "t", "elapsed_s", "interval_s", "seq")
@@ -216,17 +216,12 @@ class CsvSink:
         csv.writer(buf, lineterminator="\n").writerows(rows)
         data = buf.getvalue().encode()
         try:
-            written = os.write(self._fd, data)
-            if written != len(data):
-                raise OSError(28, "No space left on device (short write)", self.path)
+            append_whole(self._fd, data, self._size)  # every line stays whole
         except OSError as exc:
-            # Cut back the part of the row that got in, so every line stays whole.
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, self._size)
             if exc.filename is None:
                 raise OSError(exc.errno, exc.strerror, self.path) from None
             raise
-        self._size += written
+        self._size += len(data)
 
     def close(self) -> None:
         """Write the header if no record came, and close; safe to call twice."""

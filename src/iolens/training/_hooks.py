@@ -25,7 +25,7 @@ from typing import Any
 
 # (imported now: a job whose interpreter lacks iolens has it on sys.path only while the
 # bootstrap imports this module)
-from iolens.recorder.rundir import open_append, write_atomic
+from iolens.recorder.rundir import append_whole, open_append, write_atomic
 from iolens.training import records
 
 _now = time.monotonic_ns
@@ -87,13 +87,8 @@ class TimingWriter:
                     return
                 self.spare_bytes += len(data)
             # One write of whole records: O_APPEND keeps concurrent readers on
-            # record boundaries. A short write (a disk filling up) is cut back, so
-            # that what a later write appends stays on them too.
-            written = os.write(self._fd, data)
-            if written != len(data):
-                with contextlib.suppress(OSError):
-                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
-                raise OSError(errno.ENOSPC, "No space left on device (short write)")
+            # record boundaries, and a short write is cut back.
+            append_whole(self._fd, data, os.fstat(self._fd).st_size)
             self.written += len(self.buf) // 3
             del self.buf[:]
         except OSError as exc:
