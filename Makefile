@@ -21,7 +21,7 @@ demo-slow: setup
 	bash scripts/demo.sh --slow-disk
 
 lint: setup
-	$(BIN)/ruff check --output-format concise src tests bench
+	$(BIN)/ruff check --output-format concise src tests bench scripts
 
 typecheck: setup
 	$(BIN)/mypy

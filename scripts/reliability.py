@@ -101,6 +101,8 @@ def main() -> int:
             outcome = str(entry["outcome"])
             counts[outcome] = counts.get(outcome, 0) + 1
             doc = str(entry["doc"]).split("\n\n")[0] or "(no docstring)"
+            if entry.get("case"):
+                doc += f" `[{entry['case']}]`"
             result = f"{outcome} ({float(entry['seconds']):.1f} s)"  # type: ignore[arg-type]
             if outcome == "failed":
                 result = f"**{result}**"
@@ -125,7 +127,7 @@ def main() -> int:
     ]
     Path(ns.out).write_text("\n".join(head) + "\n" + "\n\n".join(sections) + "\n")
     print(f"reliability: wrote {ns.out}: {counts['passed']} passed, {counts['failed']} failed, "
-          f"{counts['skipped']} skipped")
+          f"{counts['skipped']} skipped, {counts['known limit']} known limit(s)")
     return worst
 
 

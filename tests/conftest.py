@@ -80,9 +80,11 @@ def pytest_runtest_makereport(
     report = yield
     if not os.environ.get("IOLENS_RELIABILITY_JSON"):
         return report
+    callspec = getattr(item, "callspec", None)
     entry = _RESULTS.setdefault(item.nodeid, {
         "file": item.path.name,
         "doc": inspect.getdoc(getattr(item, "obj", None)) or "",
+        "case": callspec.id if callspec is not None else "",
         "outcome": "passed", "seconds": 0.0, "measured": [],
     })
     entry["seconds"] = float(entry["seconds"]) + report.duration  # type: ignore[arg-type]

@@ -18,9 +18,11 @@ The job runs unchanged: same stdin, stdout, terminal and exit code (128+N
 when signal N ended it). Python jobs get their DataLoader timed with no code
 change (a sitecustomize bootstrap on PYTHONPATH; --no-instrument turns it off).
 Processes the job leaves running when it exits are recorded until they exit,
-for at most 10 s more. If the run directory's filesystem fills up or turns
-read-only, the intervals are kept in memory and written at the end, or the
-whole run is saved under the temporary directory instead (the path is printed).
+for at most 10 s more (--linger). If the run directory's filesystem fills up or
+turns read-only, the intervals are kept in memory and written at the end, or
+the whole run is saved under the temporary directory instead (the path is
+printed); the job's timing goes to a spare folder in /dev/shm meanwhile. No
+root is needed: `iolens doctor` says which feature needs which privilege.
 
 Live view: while the job runs, a full-screen view of the watched devices,
 the job's processes, CPU, GPUs and data wait is drawn on stderr when it is a
