@@ -1031,3 +1031,42 @@ def test_every_record_the_recorder_writes_reads_back(tmp_path: Path) -> None:
     for limit in (None, 0):  # the plain reader, then the long-run fold
         data = load_run(str(tmp_path / "run"), max_records=limit)
         assert not [n for n in data.notes if "skipped" in n], data.notes
+
+
+def test_the_shape_fast_path_agrees_with_the_whole_check() -> None:
+    """Lines of a shape seen before, changed only where the shape cannot see: same verdict.
+
+    NOTE [known shapes]: after a valid record has taught the shape, variants that keep
+    the shape but are not records (a number where an empty list was, a 25-digit figure,
+    a figure's name with digits added standing in for it) still get the whole check's
+    answer, and valid variants pass.
+    """
+    from iolens.analysis.longrun import ShapeCheck, record_problem
+
+    good: dict[str, Any] = {
+        "time": "2026-12-01T01:00:00.000+00:00", "t": 1.5, "elapsed_s": 1.0,
+        "interval_s": 1.0, "seq": 0,
+        "devices": {"sda": {"util": 12.5, "r_s": 3.0}}, "cpu": {"user": 1.0},
+        "job": {"pids": 2, "roles": {"main": {"pids": 1, "cpu_pct": 9.0}}},
+        "gpu": [{"index": 0, "util_pct": 40.0, "pids": []}],
+    }
+    variants = [
+        json.dumps(good).replace('"pids": []', '"pids": [7]'),  # valid, shape of the empty list?
+        json.dumps(good).replace('"gpu": [{', '"gpu": [5, {'),  # not an object
+        json.dumps(good).replace('"util": 12.5', '"util": 1234567890123456789012345'),
+        json.dumps(good).replace('"util": 12.5', '"util": 18446744073709551616'),
+        json.dumps(good).replace('"seq": 0', '"seq": 42'),  # valid
+        json.dumps(good).replace('"sda"', '"sda1"'),  # valid: a device's name
+        json.dumps({**good, "gpu": []}),
+        json.dumps({**good, "gpu": [5]}),
+    ]
+    for first in (json.dumps(good), json.dumps({**good, "gpu": []})):
+        check = ShapeCheck()
+        assert check.problem(first.encode(), json.loads(first)) is None
+        for line in variants:
+            rec = json.loads(line)
+            assert check.problem(line.encode(), rec) == record_problem(rec), line
+    # A record with a name this version does not know teaches no shape.
+    odd = {**good, "t1": 5}
+    check = ShapeCheck()
+    assert check.problem(json.dumps(odd).encode(), odd) is None and not check.known

@@ -12,13 +12,13 @@ from typing import Any
 from iolens._errors import IolensError
 from iolens.analysis.longrun import (
     LONG_RUN_RECORDS,
+    ShapeCheck,
     Skipped,
     bucket_records,
     bucket_seconds,
     estimate_records,
     fold_records,
     is_duplicate,
-    record_problem,
 )
 from iolens.recorder.rundir import META, RECORDS, SCHEMA_VERSION
 
@@ -76,6 +76,7 @@ def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS) -> RunDat
     records: list[dict[str, Any]] = []
     skipped = Skipped()
     seen: set[tuple[int, float]] = set()
+    check = ShapeCheck()
     newer = backwards = 0
     last = -math.inf
     try:
@@ -88,7 +89,7 @@ def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS) -> RunDat
                 except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
                     skipped.add("not JSON", f"line {n}", _short(exc))
                     continue
-                why = record_problem(rec)
+                why = check.problem(line, rec)
                 if why is not None:
                     skipped.add_problem(f"line {n}", why)
                     continue
