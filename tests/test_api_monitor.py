@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -162,6 +163,7 @@ def test_monitor_with_an_unwritable_out_records_elsewhere(tmp_path: Path) -> Non
     assert "cannot create" in out.stderr
     run_dir = Path(out.stdout.split("RUN_DIR ")[1].strip())
     assert (run_dir / "meta.json").exists()
+    shutil.rmtree(run_dir)  # the fallback folder under the temporary directory
 
 
 def test_monitor_rejects_a_bad_interval() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -362,6 +363,7 @@ def test_lightning_training_goes_on_when_monitoring_cannot(tmp_path: Path) -> No
     # An unwritable out: the monitor records elsewhere, as monitor() does.
     assert "cannot create" in out.stderr and first["steps"] == 16
     assert first["run_dir"] and batches(Path(first["run_dir"])) == 16
+    shutil.rmtree(first["run_dir"])  # the fallback folder under the temporary directory
     # A monitor that fails outright: training completes on the hooks' figures alone.
     assert "monitoring did not start" in out.stderr and second["steps"] == 16
     assert second["run_dir"] is None and not (tmp_path / "never").exists()
