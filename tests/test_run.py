@@ -118,7 +118,12 @@ def test_job_survives_the_sidecar_being_killed(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "iolens", "run", "--out", "r", "--interval",
                              "0.1", "--", sys.executable, "-c", code], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.8)
+    meta_path = tmp_path / "r" / "meta.json"
+    for _ in range(100):  # the recorder is under way once its first meta.json is there
+        if meta_path.exists():
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)
     proc.kill()
     proc.wait(timeout=10)
     for _ in range(100):
@@ -127,6 +132,10 @@ def test_job_survives_the_sidecar_being_killed(tmp_path: Path) -> None:
         time.sleep(0.1)
     assert marker.read_text() == "ok"
     assert records(tmp_path / "r")  # what was written before the kill parses
+    # A killed recorder leaves its (empty) spare timing folder; the first meta.json names it.
+    spare = Path(json.loads(meta_path.read_text())["timing_spare"])
+    assert spare.is_dir() and not any(spare.iterdir())
+    shutil.rmtree(spare)
 
 
 def test_unwritable_out_falls_back_and_the_job_runs(tmp_path: Path) -> None:
