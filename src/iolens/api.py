@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import IO, Any, Generic, TypeVar
 
 from iolens._errors import IolensError, StatsUnavailableError, UnknownDeviceError
-from iolens.core.rates import device_rates, interval_cs
+from iolens.core.rates import MAX_INTERVAL_S, MIN_INTERVAL_S, device_rates, interval_cs
 from iolens.recorder.rundir import META, default_run_dir
 from iolens.sources.devmap import device_for_path
 from iolens.sources.disk import DiskSampler
@@ -50,8 +50,9 @@ class Monitor:
     def __init__(self, out: str | os.PathLike[str] | None = None, interval: float = 1.0,
                  paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
                  instrument: bool = True, quiet: bool = False) -> None:
-        if not 0.05 <= interval <= 60:
-            raise ValueError(f"interval must be between 0.05 and 60 seconds, not {interval!r}")
+        if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
+            raise ValueError(f"interval must be between {MIN_INTERVAL_S:g} and "
+                             f"{MAX_INTERVAL_S:g} seconds, not {interval!r}")
         self.interval = float(interval)
         self.paths = [os.fspath(p) for p in paths]
         self.devices = list(devices)

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import argparse
 
+from iolens.core.rates import MAX_INTERVAL_S, MIN_INTERVAL_S
 from iolens.sources.disk import DiskSampler
+
+INTERVAL_RANGE = f"{MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g}"
+"""For --interval's help text."""
+
+
+def check_interval(p: argparse.ArgumentParser, interval: float) -> None:
+    """A usage error (exit 2) unless ``interval`` is a sampling interval iolens takes."""
+    if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
+        p.error(f"--interval must be between {MIN_INTERVAL_S:g} and {MAX_INTERVAL_S:g} "
+                f"seconds, not {interval:g}")
 
 
 def check_watch(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:

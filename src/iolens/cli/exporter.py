@@ -11,7 +11,7 @@ import sys
 import time
 from types import FrameType
 
-from iolens.cli._checks import check_watch
+from iolens.cli._checks import INTERVAL_RANGE, check_interval, check_watch
 from iolens.live.top import TopOptions, command_line, process_exists, top_watch
 from iolens.recorder.sampler import Recorder
 from iolens.sinks.base import SinkError
@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "listens on 127.0.0.1, 0.0.0.0 on every interface, port 0 on any "
                         "free port)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S",
-                   help="seconds between samples, 0.05 to 60 (default 1)")
+                   help="seconds between samples, "
+                        f"{INTERVAL_RANGE} (default 1)")
     p.add_argument("--path", action="append", default=[], metavar="P",
                    help="also watch the devices serving P (repeatable)")
     p.add_argument("--device", action="append", default=[], metavar="D",
@@ -96,8 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(ns: argparse.Namespace) -> int:
     """Serve until stopped; returns the exit code."""
     p: argparse.ArgumentParser = ns.parser
-    if not 0.05 <= ns.interval <= 60:
-        p.error(f"--interval must be between 0.05 and 60 seconds, not {ns.interval:g}")
+    check_interval(p, ns.interval)
     try:
         host, port = parse_listen(ns.listen, default_port=DEFAULT_PORT)
     except ValueError as exc:

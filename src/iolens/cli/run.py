@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 
-from iolens.cli._checks import check_watch
+from iolens.cli._checks import INTERVAL_RANGE, check_interval, check_watch
 from iolens.recorder.run import RunOptions
 from iolens.recorder.run import run as run_job
 from iolens.recorder.rundir import RECORDS, default_run_dir
@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR",
                    help="run directory to create (default: iolens-runs/<time>-<program>)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S",
-                   help="seconds between records, 0.05 to 60 (default 1)")
+                   help="seconds between records, "
+                        f"{INTERVAL_RANGE} (default 1)")
     p.add_argument("--path", action="append", default=[], metavar="P",
                    help="also watch the devices serving P, e.g. the dataset (repeatable)")
     p.add_argument("--device", action="append", default=[], metavar="D",
@@ -123,8 +124,7 @@ def run(ns: argparse.Namespace) -> int:
         p.error("no command to run: iolens run [OPTIONS] -- CMD ...")
     if shutil.which(command[0]) is None and not os.path.exists(command[0]):
         p.error(f"command not found: {command[0]}")
-    if not 0.05 <= ns.interval <= 60:
-        p.error(f"--interval must be between 0.05 and 60 seconds, not {ns.interval:g}")
+    check_interval(p, ns.interval)
     check_watch(p, ns)
     if ns.prometheus is not None:
         from iolens.sinks.prometheus import parse_listen  # noqa: PLC0415 - only when asked for

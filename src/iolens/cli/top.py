@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from iolens.cli._checks import check_watch
+from iolens.cli._checks import INTERVAL_RANGE, check_interval, check_watch
 from iolens.live.top import TopOptions, process_exists, top, top_watch
 
 _EPILOG = """\
@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pid", type=int, metavar="PID",
                    help="watch this process and its descendants (default: the whole machine)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S",
-                   help="seconds between refreshes, 0.05 to 60 (default 1)")
+                   help="seconds between refreshes, "
+                        f"{INTERVAL_RANGE} (default 1)")
     p.add_argument("--path", action="append", default=[], metavar="P",
                    help="also watch the devices serving P, e.g. the dataset (repeatable)")
     p.add_argument("--device", action="append", default=[], metavar="D",
@@ -67,8 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(ns: argparse.Namespace) -> int:
     """Run ``iolens top`` with parsed arguments; returns the exit code."""
     p: argparse.ArgumentParser = ns.parser
-    if not 0.05 <= ns.interval <= 60:
-        p.error(f"--interval must be between 0.05 and 60 seconds, not {ns.interval:g}")
+    check_interval(p, ns.interval)
     if ns.count is not None and ns.count < 1:
         p.error(f"--count must be a positive whole number, not {ns.count}")
     for flag, root in (("--proc-root", ns.proc_root), ("--sys-root", ns.sys_root)):

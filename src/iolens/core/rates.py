@@ -100,6 +100,13 @@ class DeviceRates:
 _ZEROS = (0.0,) * 26  # every float field of DeviceRates
 
 
+MIN_INTERVAL_S = 0.05
+"""The shortest sampling interval: 5 ticks of the 10 ms uptime clock that times rates (as
+in iostat), so a rate is off by at most a fifth; a soak test runs 10 minutes at it."""
+MAX_INTERVAL_S = 60.0
+"""The longest: a record a minute still charts and diagnoses a run."""
+
+
 def interval_cs(prev: DiskSnapshot, cur: DiskSnapshot) -> int:
     """Centiseconds between two snapshots; 1 when they are equal, as in iostat.
 
