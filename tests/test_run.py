@@ -26,7 +26,7 @@ TRAIN = textwrap.dedent("""
         def __len__(self):
             return 48
         def __getitem__(self, i):
-            time.sleep(0.01)  # a slow input pipeline: the loop waits for data
+            time.sleep(0.03)  # a slow input pipeline: the loop waits for data
             return torch.randn(8), i % 2
 
     if __name__ == "__main__":
