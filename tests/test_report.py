@@ -137,3 +137,39 @@ def test_report_of_a_real_run(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert meta["summary"]["verdict"]["class"] == "loader-starved"
     assert os.path.isdir(tmp_path / "run" / "timing")
+
+
+def test_report_reads_timing_left_in_the_spare_folder(tmp_path: Path) -> None:
+    """A recorder killed after the job's timing moved to the spare folder: the report
+    reads it there, says so, and leaves the folder alone once the run has ended."""
+    from iolens.training import records as trecords
+    from iolens.training._hooks import TimingWriter
+
+    ms = 1_000_000
+    spare = tmp_path / "spare"
+    run = write_run(tmp_path / "run", [rec(i, wait=0.09) for i in range(4)],
+                    {k: v for k, v in META.items() if k != "exit_code"}
+                    | {"timing_spare": str(spare)})
+    w = TimingWriter(str(run / "timing"), spare=str(spare))
+    for i in range(3):  # three batches in the run, then the run directory fails it
+        w.buf.extend((trecords.BATCH, 100 * i * ms, (100 * i + 90) * ms))
+    w.flush()
+    w.moved = "the disk filled up"  # as flush() does on a failed write
+    w.directory = str(spare)
+    os.close(w._fd)  # type: ignore[arg-type]
+    w._fd = None
+    for i in range(3, 5):
+        w.buf.extend((trecords.BATCH, 100 * i * ms, (100 * i + 90) * ms))
+    w.close()
+    assert (spare / f"{w.pid}.bin").stat().st_size == 2 * trecords.RECORD_BYTES
+
+    r = json.loads(iolens("report", str(run), "--format", "json").stdout)
+    assert r["training"]["distribution_source"] == "every batch"
+    assert r["training"]["data_wait"]["count"] == 5
+    assert any(f"read from {spare}" in n for n in r["notes"]), r["notes"]
+    # Once the run has ended, the recorder moved what there was: the folder is not read.
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "end": "2026-01-01T00:00:00Z"}))
+    r = json.loads(iolens("report", str(run), "--format", "json").stdout)
+    assert r["training"]["data_wait"]["count"] == 3
+    assert not any("read from" in n for n in r["notes"])

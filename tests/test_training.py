@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import stat
 from array import array
 from pathlib import Path
+
+import pytest
 
 from iolens.training import records
 from iolens.training._hooks import TimingWriter
@@ -73,9 +76,31 @@ def test_writer_failure_is_recorded_not_raised(tmp_path: Path) -> None:
     w.close()
 
 
+def test_writer_refuses_a_spare_folder_it_does_not_own(tmp_path: Path) -> None:
+    """A spare folder planted by another user (or a link in its place) takes no record."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to plant a folder owned by another user")
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")  # the run directory cannot be made: the writer moves at once
+    for planted in ("folder", "link"):
+        spare = tmp_path / f"spare-{planted}"
+        if planted == "folder":
+            spare.mkdir(mode=0o777)
+            os.chown(spare, 65534, 65534)
+        else:
+            (tmp_path / "elsewhere").mkdir(exist_ok=True)
+            spare.symlink_to(tmp_path / "elsewhere")
+        w = TimingWriter(str(blocker / "timing"), spare=str(spare))
+        w.buf.extend((records.BATCH, 0, 1))
+        w.flush()
+        assert w.moved is not None and w.error is not None, planted
+        assert ("another user" if planted == "folder" else "symbolic link") in w.error
+        assert w.dropped == 1 and not list(spare.iterdir())
+        w.close()
+
+
 def test_writer_moves_to_the_spare_folder_and_the_reader_follows(tmp_path: Path) -> None:
     timing, spare = tmp_path / "run" / "timing", tmp_path / "spare"
-    spare.mkdir()
     w = TimingWriter(str(timing), spare=str(spare))
     w.buf.extend((records.BATCH, 0, 1 * MS))
     w.flush()
@@ -89,6 +114,7 @@ def test_writer_moves_to_the_spare_folder_and_the_reader_follows(tmp_path: Path)
     assert w.error is None and w.moved is not None and w.moved.startswith("cannot write")
     assert w.written == 2 and w.dropped == 0
     assert (spare / f"{w.pid}.bin").stat().st_size == records.RECORD_BYTES
+    assert stat.S_IMODE(spare.stat().st_mode) == 0o700  # made only now, and private
     agg = TrainingAggregator()
     assert TimingReader(str(timing), spare=str(spare)).poll(agg) == 2
     assert TimingReader(str(timing)).poll(TrainingAggregator()) == 1

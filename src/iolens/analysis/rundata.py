@@ -180,7 +180,7 @@ _META_CHECKS: dict[str, Callable[[Any], bool]] = {
     "command": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     **{k: lambda v: v is None or isinstance(v, str)
        for k in ("host", "cwd", "start", "end", "disk_source", "write_error", "kernel",
-                 "iolens_version", "mode")},
+                 "iolens_version", "mode", "timing_spare")},
 }
 
 

@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import json
 import os
+import secrets
 import select
 import shlex
 import shutil
@@ -595,14 +596,18 @@ def finish_run(run_dir: RunDir, recorder: Recorder | None, command: list[str],
 
 
 def _spare_timing_dir() -> str | None:
-    """A private folder for the job's timing files should the run directory fail them
-    (NOTE [spare timing folder] in iolens/training/_hooks.py): in memory, where a full
-    or read-only disk cannot reach it; None when none can be made."""
-    for base in ("/dev/shm", None):
-        try:
-            return tempfile.mkdtemp(prefix="iolens-timing-", dir=base)
-        except OSError:
-            continue
+    """Where the job puts its timing files should the run directory fail them (NOTE
+    [spare timing folder] in iolens/training/_hooks.py): in memory, where a full or
+    read-only disk cannot reach it; None when no such place takes writes.
+
+    Only the name is chosen here, one nobody can guess (it is passed in the job's
+    environment, which only its user can read); the job makes the folder when it first
+    needs it, so a run that never needed it (the usual case) leaves nothing behind, even
+    when iolens is killed.
+    """
+    for base in ("/dev/shm", tempfile.gettempdir()):
+        if os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            return os.path.join(base, f"iolens-timing-{secrets.token_hex(8)}")
     return None
 
 

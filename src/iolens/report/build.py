@@ -98,6 +98,12 @@ def _training(run: RunData, notes: list[str]) -> dict[str, Any]:
     if exact is not None:
         out["distribution_source"] = "every batch"
         out["data_wait"], out["step"] = exact
+        timed_batches = exact[0]["count"]
+        if "end" not in run.meta and timed_batches > out["batches"]:
+            notes.append(f"the timing files hold {timed_batches} batches, the recorded "
+                         f"intervals {out['batches']}: the recording stopped before the "
+                         "rest; the verdict and the per-interval figures cover the recorded "
+                         "intervals only, the data wait and step distributions every batch")
     else:
         out["distribution_source"] = "per-interval figures (p50 and p95 approximate)"
         for part in ("data_wait", "step"):
@@ -128,20 +134,30 @@ def _exact_distributions(run: RunData,
     Damaged timing records are left out, and counted in ``notes``.
     """
     tdir = os.path.join(run.path, "timing")
-    try:
-        names = [n for n in os.listdir(tdir) if n.endswith(".bin")]
-        size = sum(os.path.getsize(os.path.join(tdir, n)) for n in names)
-    except OSError:
-        return None
+    spare = _unmoved_spare(run)
+    names: list[str] = []
+    size = 0
+    for folder in (tdir, spare):
+        if folder is None:
+            continue
+        try:
+            found = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".bin")]
+            size += sum(os.path.getsize(n) for n in found)
+        except OSError:
+            continue
+        names += found
     if not names or size > _MAX_TIMING_BYTES or size < trecords.RECORD_BYTES:
         return None
     agg = TrainingAggregator()
-    TimingReader(tdir).poll(agg)
+    TimingReader(tdir, spare=spare).poll(agg)
+    if spare is not None and any(n.startswith(spare + os.sep) for n in names):
+        notes.append(f"the timing the job wrote once the run directory failed it was read from "
+                     f"{spare}: iolens stopped before it could move it into the run")
     if agg.skipped:
         notes.append(f"{agg.skipped} damaged timing record(s) in timing/ were skipped")
     if not agg.waits:
         return None
-    got = agg.take()
+    taken = agg.take()
 
     def shaped(d: dict[str, Any]) -> dict[str, Any]:
         n = d["count"]
@@ -150,7 +166,17 @@ def _exact_distributions(run: RunData,
                 "p50_s": _r(d["p50_s"], 6), "p95_s": _r(d["p95_s"], 6),
                 "max_s": _r(d["max_s"], 6)}
 
-    return shaped(got["data_wait"]), shaped(got["step"])
+    return shaped(taken["data_wait"]), shaped(taken["step"])
+
+
+def _unmoved_spare(run: RunData) -> str | None:
+    """The spare timing folder of a run whose recorder was stopped before it moved the
+    files there into the run (NOTE [spare timing folder] in iolens/training/_hooks.py),
+    when it is still there; None otherwise."""
+    spare = run.meta.get("timing_spare")
+    if "end" in run.meta or not isinstance(spare, str) or not os.path.isdir(spare):
+        return None
+    return spare
 
 
 def _devices(recs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:

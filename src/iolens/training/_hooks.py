@@ -15,6 +15,7 @@ import importlib.abc
 import importlib.machinery
 import json
 import os
+import stat
 import sys
 import time
 import weakref
@@ -39,8 +40,8 @@ class TimingWriter:
     """Buffers records in memory and appends them to the process's timing file.
 
     NOTE [spare timing folder]: when the run directory stops taking writes (a
-    full or read-only filesystem), the writer moves to ``spare``, a folder
-    `iolens run` made in memory (/dev/shm) for the purpose, and goes on there;
+    full or read-only filesystem), the writer moves to ``spare``, a folder in
+    memory (/dev/shm) whose name `iolens run` chose, makes it, and goes on there;
     the recorder reads both and moves the spare files into the run at the end.
     Only when that fails too, or past SPARE_LIMIT_BYTES (the DataLoader's
     workers need /dev/shm, and its pages count against the job's memory), are
@@ -124,11 +125,20 @@ class TimingWriter:
         """The timing directory, made if missing; OSError when a symlink stands in its place.
 
         The files in it are never written through a link either: NOTE [no writes
-        through links] in iolens/recorder/rundir.py.
+        through links] in iolens/recorder/rundir.py. The spare folder is made private
+        (0700), and one this user does not own is refused.
         """
-        os.makedirs(self.directory, exist_ok=True)
-        if os.path.islink(self.directory):
+        if self.moved is None:
+            os.makedirs(self.directory, exist_ok=True)
+        else:
+            with contextlib.suppress(FileExistsError):  # another process of the job made it
+                os.mkdir(self.directory, 0o700)
+        st = os.lstat(self.directory)
+        if stat.S_ISLNK(st.st_mode):
             raise OSError(errno.ELOOP, "the timing directory is a symbolic link", self.directory)
+        if self.moved is not None and st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, "the spare timing folder belongs to another user",
+                          self.directory)
         return self.directory
 
     def close(self) -> None:
