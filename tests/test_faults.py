@@ -359,6 +359,43 @@ def notes_of(rep: dict[str, Any]) -> str:
 
 # -- 1. the recorder killed ---------------------------------------------------
 
+def recorder_killed(cmd: list[str], cwd: Path, run: Path, then: str = "time.sleep(0.5)",
+                    records: int = 1) -> Outcome:
+    """Run ``cmd`` (``iolens run`` into ``run``), and SIGKILL iolens once ``run`` holds
+    ``records`` records and ``then`` (Python run beside it, with ``until(ok)`` at hand)
+    has run; returns how the job, which outlives it, ended.
+
+    The job outlives its parent: a subreaper wrapper collects its exit code.
+    """
+    rec_path = str(run / "records.jsonl")
+    wrapper = textwrap.dedent(f"""
+        import ctypes, json, os, subprocess, time
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        rec = subprocess.Popen({cmd!r}, stderr=subprocess.DEVNULL)
+        def until(ok):
+            deadline = time.monotonic() + 30
+            while not ok():
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        until(lambda: os.path.exists({rec_path!r}) and
+              open({rec_path!r}, "rb").read().count(b"\\n") >= {records})
+    """) + textwrap.dedent(then) + textwrap.dedent("""
+        with open(f"/proc/{rec.pid}/task/{rec.pid}/children") as fh:
+            job = int(fh.read().split()[0])
+        rec.kill()
+        rec.wait()
+        _, status = os.waitpid(job, 0)  # the orphaned job is now ours to reap
+        print("EXIT", os.waitstatus_to_exitcode(status), flush=True)
+    """)
+    p = subprocess.run([sys.executable, "-c", wrapper], cwd=cwd, capture_output=True,
+                       text=True, timeout=RUN_TIMEOUT_S, check=False)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[-1].startswith("EXIT ")
+    return Outcome("".join(f"{line}\n" for line in lines[:-1]),
+                   shell_code(int(lines[-1].split()[1])), p.stderr)
+
+
 def test_recorder_killed_mid_run(work: Path, baselines: Baselines, tmp_path: Path,
                                  record_property: Any) -> None:
     """SIGKILL of iolens run (the recorder) mid-run: job result and exit code same, run readable.
@@ -370,33 +407,8 @@ def test_recorder_killed_mid_run(work: Path, baselines: Baselines, tmp_path: Pat
     base = baselines.get(("kill-recorder", *args),
                          lambda: run_to_end(train_cmd(work, *args), work))
     run = tmp_path / "run"
-    # The job outlives its parent: a subreaper wrapper collects its exit code.
-    wrapper = textwrap.dedent(f"""
-        import ctypes, os, subprocess, time
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-        rec = subprocess.Popen({iolens_cmd(run) + train_cmd(work, *args)!r},
-                               stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while not os.path.exists({str(run / "records.jsonl")!r}) or \\
-                os.path.getsize({str(run / "records.jsonl")!r}) == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        time.sleep(0.5)
-        with open(f"/proc/{{rec.pid}}/task/{{rec.pid}}/children") as fh:
-            job = int(fh.read().split()[0])
-        rec.kill()
-        rec.wait()
-        _, status = os.waitpid(job, 0)  # the orphaned job is now ours to reap
-        print("EXIT", os.waitstatus_to_exitcode(status), flush=True)
-    """)
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", wrapper], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=RUN_TIMEOUT_S, check=False)
-    assert p.returncode == 0, p.stderr
-    lines = p.stdout.splitlines()
-    assert lines[-1].startswith("EXIT ")
-    got = Outcome("".join(f"{line}\n" for line in lines[:-1]),
-                  shell_code(int(lines[-1].split()[1])), p.stderr)
+    got = recorder_killed(iolens_cmd(run) + train_cmd(work, *args), tmp_path, run)
     same_result(got, base)
     recs = read_records(run)
     assert recs
@@ -736,6 +748,14 @@ def wait_for_records(run: Path, n: int, timeout: float = 30) -> int:
     raise AssertionError(f"fewer than {n} records in {timeout} s")
 
 
+@contextlib.contextmanager
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs of our own, to fill up."""
+    need(os.geteuid() == 0, "needs root to mount a small tmpfs")
+    with mounted("tmpfs", tmp_path / "small", "-t", "tmpfs", "-o", "size=4m") as small:
+        yield small
+
+
 def fill(folder: Path) -> int:
     """Fill the filesystem of ``folder`` to the last byte; returns the bytes written."""
     n = 0
@@ -817,13 +837,9 @@ def test_run_directory_fills_up(work: Path, baselines: Baselines, tmp_path: Path
     the records written before stay intact, and the intervals that did not fit are written
     late once there is room, or the whole run is saved elsewhere.
     """
-    need(os.geteuid() == 0, "needs root to mount a small tmpfs")
     args = ("--delay", "0.02", "--epochs", "3")
     base = baselines.get(("plain", *args), lambda: run_to_end(train_cmd(work, *args), work))
-    small = tmp_path / "small"
-    small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)], check=True)
-    try:
+    with small_tmpfs(tmp_path) as small:
         run = small / "run"
 
         def full() -> None:
@@ -851,8 +867,6 @@ def test_run_directory_fills_up(work: Path, baselines: Baselines, tmp_path: Path
         record_property("measured", f"{before.count(NL)} records before the fill, all "
                                     f"{len(recs)} saved (some late); {batches}/18 batches "
                                     "timed")
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)
 
 
 def test_recorder_killed_after_the_disk_filled(work: Path, baselines: Baselines,
@@ -864,29 +878,12 @@ def test_recorder_killed_after_the_disk_filled(work: Path, baselines: Baselines,
     job finishes as without iolens, and `iolens report` reads the timing left in the spare
     folder, which the first meta.json names, and says so.
     """
-    need(os.geteuid() == 0, "needs root to mount a small tmpfs")
     args = ("--delay", "0.02", "--epochs", "3")
     base = baselines.get(("plain", *args), lambda: run_to_end(train_cmd(work, *args), work))
-    small = tmp_path / "small"
-    small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)], check=True)
-    spare: Path | None = None
-    try:
+    with small_tmpfs(tmp_path) as small, contextlib.ExitStack() as cleanup:
         run = small / "run"
-        records, meta = str(run / "records.jsonl"), str(run / "meta.json")
-        wrapper = textwrap.dedent(f"""
-            import ctypes, json, os, subprocess, time
-            ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # a subreaper
-            rec = subprocess.Popen({iolens_cmd(run) + train_cmd(work, *args)!r},
-                                   stderr=subprocess.DEVNULL)
-            def until(ok):
-                deadline = time.monotonic() + 30
-                while not ok():
-                    assert time.monotonic() < deadline
-                    time.sleep(0.02)
-            until(lambda: os.path.exists({records!r}) and
-                  open({records!r}, "rb").read().count(b"\\n") >= 3)
-            spare = json.load(open({meta!r}))["timing_spare"]
+        fill_then_wait = f"""
+            spare = json.load(open({str(run / "meta.json")!r}))["timing_spare"]
             fd = os.open({str(small / "filler")!r}, os.O_WRONLY | os.O_CREAT, 0o600)
             for size in (1 << 20, 4096, 1):  # fill the run directory's filesystem
                 try:
@@ -897,22 +894,12 @@ def test_recorder_killed_after_the_disk_filled(work: Path, baselines: Baselines,
             os.close(fd)
             until(lambda: os.path.isdir(spare) and any(n.endswith(".bin")
                                                        for n in os.listdir(spare)))
-            with open(f"/proc/{{rec.pid}}/task/{{rec.pid}}/children") as fh:
-                job = int(fh.read().split()[0])
-            rec.kill()
-            rec.wait()
-            _, status = os.waitpid(job, 0)  # the orphaned job is now ours to reap
-            print("EXIT", os.waitstatus_to_exitcode(status), flush=True)
-        """)
-        p = subprocess.run([sys.executable, "-c", wrapper], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=RUN_TIMEOUT_S, check=False)
-        assert p.returncode == 0, p.stderr
-        lines = p.stdout.splitlines()
-        assert lines[-1].startswith("EXIT ")
-        got = Outcome("".join(f"{line}\n" for line in lines[:-1]),
-                      shell_code(int(lines[-1].split()[1])), p.stderr)
+        """
+        got = recorder_killed(iolens_cmd(run) + train_cmd(work, *args), tmp_path, run,
+                              fill_then_wait, records=3)
         same_result(got, base)
         spare = Path(read_meta(run)["timing_spare"])
+        cleanup.callback(shutil.rmtree, spare, ignore_errors=True)
         in_spare = sum(f.stat().st_size for f in spare.glob("*.bin")) // 24
         rep = report(run)
         assert f"read from {spare}" in notes_of(rep)
@@ -926,10 +913,6 @@ def test_recorder_killed_after_the_disk_filled(work: Path, baselines: Baselines,
             in notes_of(rep)
         record_property("measured", f"{in_spare} timing records in the spare folder after "
                                     "the kill; the report reads 18/18 batches")
-    finally:
-        if spare is not None:
-            shutil.rmtree(spare, ignore_errors=True)
-        subprocess.run(["umount", "-l", str(small)], check=False)
 
 
 def test_run_directory_turns_read_only(work: Path, baselines: Baselines, tmp_path: Path,
