@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 
 from iolens.sources.devmap import device_for_path, read_mountinfo
+from iolens.sources.procfs import pid_alive
 from iolens.sources.sysblock import sysfs_name
 
 PREFIX = "iolens-slowdisk-"
@@ -126,16 +127,6 @@ def _blkio_cgroup_of(pid: int, blkio_root: str) -> str:
     return blkio_root
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _owner(name: str) -> int | None:
     """The pid in a name made by a slow disk (``iolens-slowdisk-<pid>...``), else None."""
     if not name.startswith(PREFIX):
@@ -202,7 +193,7 @@ def reap_stale(blkio_root: str | None = None, tmp_dir: str | None = None) -> lis
     if root is not None:
         for name in _listdir(root):
             owner = _owner(name)
-            if owner is None or _alive(owner):
+            if owner is None or pid_alive(owner):
                 continue
             with contextlib.suppress(OSError):
                 _empty_cgroup(os.path.join(root, name), root, root, tries=5)
@@ -211,7 +202,7 @@ def reap_stale(blkio_root: str | None = None, tmp_dir: str | None = None) -> lis
     for name in _listdir(base):
         owner = _owner(name)
         folder = os.path.join(base, name)
-        if owner is None or _alive(owner) or not os.path.isdir(folder):
+        if owner is None or pid_alive(owner) or not os.path.isdir(folder):
             continue
         for mp in [m for m in _mount_points() if m.startswith(folder + "/")]:
             with contextlib.suppress(OSError):

@@ -27,16 +27,7 @@ import time
 from iolens.recorder.run import UNFINISHED, finish_run, initial_watch
 from iolens.recorder.rundir import RunDir
 from iolens.recorder.sampler import Recorder
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+from iolens.sources.procfs import pid_alive
 
 
 class _Control:
@@ -64,7 +55,7 @@ class _Control:
                 if b"stop" in self._buf:
                     self.ended = "monitor stopped"
                     return True
-            if not _alive(self.pid):
+            if not pid_alive(self.pid):
                 self.ended = f"process {self.pid} ended"
                 return True
             if left <= 0:

@@ -16,6 +16,17 @@ from iolens.sources._files import PreadFile, read_text
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie does, and so does another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @dataclass(slots=True)
 class ProcStat:
     """The fields of /proc/<pid>/stat that iolens uses."""
