@@ -12,6 +12,7 @@ import inspect
 import json
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -19,6 +20,14 @@ from pathlib import Path
 import pytest
 
 REQUIRE_ALL = os.environ.get("IOLENS_REQUIRE_ALL") == "1"
+
+# Several tests type Ctrl-C or send SIGINT to the programs they start, and check how
+# those end. A shell starts background jobs (`make test &`, nohup) with SIGINT
+# ignored, and an ignored signal stays ignored across exec: every program started
+# here would then shrug SIGINT off. Python's own handler here means a default one
+# in each program started.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def need(condition: bool, reason: str) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from iolens.analysis import rules
 from tests.conftest import need
 
 pytest.importorskip("torch")
@@ -124,7 +125,9 @@ def test_heavy_per_sample_cpu_with_one_worker_is_cpu_bound_input(tmp_path: Path)
     v = report["verdict"]
     assert v["class"] == "cpu-bound-input", (v, err)
     assert v["severity"] == "high"
-    assert report["processes"]["worker"]["cpu_pct"] >= 70
+    # Busy on the CPU: the verdict asks for 80% of a core, or half a core when the machine
+    # has none idle (this one is shared: other work may hold the rest).
+    assert report["processes"]["worker"]["cpu_pct"] >= rules.WORKER_CPU_SOME
     assert "1 DataLoader workers at" in v["evidence"][0]
 
 
