@@ -34,6 +34,7 @@ test: lint typecheck unit
 bench: setup
 	$(BIN)/python bench/bench_sample.py --out bench/RESULTS.md
 	$(BIN)/python bench/bench_batch.py --out bench/RESULTS.md
+	$(BIN)/python bench/bench_stage.py --out bench/RESULTS.md
 	$(BIN)/python bench/bench_run.py --out bench/RESULTS.md
 	$(BIN)/python bench/bench_report.py --out bench/RESULTS.md
 	$(BIN)/python bench/bench_exporter.py --out bench/RESULTS.md

@@ -741,7 +741,8 @@ def timing_stream(draw: st.DrawFn) -> tuple[list[tuple[int, int, int]], int, int
     out: list[tuple[int, int, int]] = [(trecords.EPOCH, t, 2)]
     valid = bad = 0
     for _ in range(draw(st.integers(0, 30))):
-        m = draw(st.sampled_from(["ok", "ok", "ok", "early", "back", "type", "epoch"]))
+        m = draw(st.sampled_from(["ok", "ok", "ok", "early", "back", "type", "epoch",
+                                  "stage"]))
         a = t + draw(st.integers(0, 10**7))
         b = a + draw(st.integers(0, 10**8))
         if m == "early":  # returned before it was asked for
@@ -751,7 +752,11 @@ def timing_stream(draw: st.DrawFn) -> tuple[list[tuple[int, int, int]], int, int
             out.append((trecords.BATCH, t - 10, t - draw(st.integers(1, 9))))
             bad += 1
         elif m == "type":
-            out.append((draw(st.sampled_from([0, 6, 0x77, -1])), a, b))
+            out.append((draw(st.sampled_from([0, 11, 0x77, -1])), a, b))
+            bad += 1
+        elif m == "stage":  # a worker's stage record with a negative time
+            out.append((draw(st.sampled_from([trecords.FETCH, trecords.STAGE, trecords.COUNT])),
+                        -1 - a, b))
             bad += 1
         elif m == "epoch":
             out.append((trecords.EPOCH, a, -draw(st.integers(1, 1 << 62))))

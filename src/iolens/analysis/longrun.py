@@ -78,7 +78,7 @@ def _not_figure(v: Any) -> bool:
     return True
 
 
-_FLAGS = frozenset({"io_readable"})
+_FLAGS = frozenset({"io_readable", "in_process"})
 """Keys the recorder writes as true/false among figures (a role's /proc/<pid>/io that
 could not be read)."""
 
@@ -156,6 +156,13 @@ def record_problem(rec: Any) -> str | None:
             if k in _TRAIN_MAPS:
                 if why := _bad_map(v, f"train.{k}"):
                     return why
+            elif k == "pipeline":
+                if not isinstance(v, dict):
+                    return "train.pipeline is not an object"
+                if why := _bad_map({x: y for x, y in v.items() if x != "handover"},
+                                   "train.pipeline") or _bad_map(v.get("handover", {}),
+                                                                 "train.pipeline.handover"):
+                    return why
             elif k == "ranks":
                 if not isinstance(v, dict):
                     return "train.ranks is not an object"
@@ -167,6 +174,13 @@ def record_problem(rec: Any) -> str | None:
                     return f"train.step_source is {_show(v)}"
             elif k in _TRAIN_FIGURES and _not_figure(v):
                 return f"train.{k} is {_show(v)}"
+    storage = rec.get("storage")
+    if storage is not None:
+        if not isinstance(storage, dict):
+            return "storage is not an object"
+        for mount, d in storage.items():
+            if why := _bad_map(d, f"storage.{mount}"):
+                return why
     gpus = rec.get("gpu")
     if gpus is not None:
         if not isinstance(gpus, list):
@@ -202,9 +216,9 @@ _DIGITS = b"0123456789."
 _TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_DIGITS = b"0" * 20
 _TOP_KEYS = frozenset({"time", "t", "elapsed_s", "interval_s", "seq", "merged", "schema",
-                       *_FIGURES, "job", "train", "gpu"})
+                       *_FIGURES, "job", "train", "gpu", "storage"})
 _JOB_KEYS = _JOB_FIGURES | {"roles", "states"}
-_TRAIN_KEYS = _TRAIN_FIGURES | set(_TRAIN_MAPS) | {"ranks", "step_source"}
+_TRAIN_KEYS = _TRAIN_FIGURES | set(_TRAIN_MAPS) | {"ranks", "step_source", "pipeline"}
 _GPU_KEYS = _GPU_FIGURES | _GPU_LISTS | {"error"}
 
 

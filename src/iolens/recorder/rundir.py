@@ -29,7 +29,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RECORDS = "records.jsonl"
 META = "meta.json"
 

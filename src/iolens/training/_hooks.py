@@ -15,6 +15,7 @@ import importlib.abc
 import importlib.machinery
 import json
 import os
+import queue
 import stat
 import sys
 import time
@@ -48,8 +49,8 @@ class TimingWriter:
     the records dropped (and counted).
     """
 
-    __slots__ = ("_fd", "buf", "directory", "dropped", "error", "flush_ns", "last_flush", "moved",
-                 "pid", "spare", "spare_bytes", "written")
+    __slots__ = ("_fd", "_pfd", "buf", "directory", "dropped", "error", "flush_ns", "last_flush",
+                 "moved", "paths", "pid", "spare", "spare_bytes", "written")
 
     def __init__(self, directory: str, flush_ns: int = 500_000_000,
                  spare: str | None = None) -> None:
@@ -63,6 +64,9 @@ class TimingWriter:
         self.last_flush = _now()
         self.pid = os.getpid()
         self._fd: int | None = None
+        self._pfd: int | None = None
+        self.paths: list[str] = []
+        """Folders the dataset was read from, not yet written (NOTE [dataset folders])."""
         self.dropped = 0
         self.written = 0
         self.error: str | None = None
@@ -70,6 +74,8 @@ class TimingWriter:
     def flush(self, now: int | None = None) -> None:
         """Append what is buffered; on failure, count the loss and remember why."""
         self.last_flush = _now() if now is None else now
+        if self.paths:
+            self._flush_paths()
         if not self.buf:
             return
         if self.error is not None:
@@ -106,6 +112,19 @@ class TimingWriter:
                 return
             self.error = why
             self._drop()
+
+    def _flush_paths(self) -> None:
+        """Append the new dataset folders to ``<pid>.paths``, one JSON string a line."""
+        lines, self.paths = self.paths, []
+        if self.error is not None:
+            return
+        try:
+            if self._pfd is None:
+                self._pfd = open_append(os.path.join(self._folder(), f"{self.pid}.paths"))
+            data = "".join(json.dumps(p) + "\n" for p in lines).encode()
+            append_whole(self._pfd, data, os.fstat(self._pfd).st_size)
+        except (OSError, ValueError):
+            pass  # the folders are a hint; the records matter more
 
     def _drop(self) -> None:
         self.dropped += len(self.buf) // 3
@@ -144,10 +163,11 @@ class TimingWriter:
     def close(self) -> None:
         """Flush and close; safe to call twice."""
         self.flush()
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        for fd in (self._fd, self._pfd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._fd = self._pfd = None
 
 
 _writer: TimingWriter | None = None
@@ -196,10 +216,19 @@ def stop() -> None:
         w.status(installed=_patched)
 
 
+_inherited: tuple[str, int, str | None, str | None] | None = None
+"""A forked child's parent's timing folder, flush period and spare folder: where a
+DataLoader worker writes its stage timing (NOTE [stage timing])."""
+
+
 def _after_fork_in_child() -> None:
     # A forked child (a DataLoader worker) must not write the parent's buffer.
-    global _writer
+    global _writer, _inherited, _clock
+    w = _writer
+    if w is not None:
+        _inherited = (w.directory, w.flush_ns, w.spare, w.moved)
     _writer = None
+    _clock = None
 
 
 def _at_exit() -> None:
@@ -238,10 +267,16 @@ def _note_epoch(w: TimingWriter, loader: Any, it: Any, t: int) -> int:
         tag = _tag_for(loader)
         shift = records.TAG_SHIFT
         w.buf.extend((records.EPOCH | (tag << shift), t, int(getattr(loader, "num_workers", 0))))
+        workers = 0
         for wid, proc in enumerate(getattr(it, "_workers", ()) or ()):
             pid = getattr(proc, "pid", None)
             if pid:
                 w.buf.extend((records.WORKER | (tag << shift), int(pid), wid))
+                workers += 1
+        if workers:
+            # At once, not at the next batch: the recorder tells the workers from other
+            # processes by these pids, and spawned workers take seconds to their first.
+            w.flush(t)
     except Exception:  # noqa: BLE001 - see NOTE [never hurt the job]
         return 0
     return tag
@@ -392,6 +427,275 @@ class LoopTimer:
         """A step (or validation, logging, a checkpoint between steps) is done."""
         self._last_end = _now()
 
+# -- stage timing inside the input pipeline -----------------------------------------------
+#
+# NOTE [stage timing]: inside each DataLoader worker (fork, spawn, forkserver) the
+# worker loop's two queues and its collate_fn are wrapped, which splits each batch
+# the worker makes into: the wait for its indices (idle), the fetch of its samples
+# (from the indices in hand to the collate: dataset[i], __getitems__ or the
+# iterable's next), with its on-CPU part from the thread's CPU clock, and the
+# collate. The hand-over to the loop (the queue, unpickling, pin_memory) is joined
+# by the recorder from the worker's READY record and the loop's HANDOVER record.
+# With num_workers=0 the training process times the same stages of its own fetch.
+# Per batch: five clock reads, two of them the thread's CPU clock, and one array
+# extend. An audit hook on "open" counts the files opened and notes the folders
+# they are in (NOTE [dataset folders]). Any failure leaves the worker loop as torch
+# wrote it (NOTE [never hurt the job]).
+
+_cpu = time.thread_time_ns
+_PATHS_MAX = 64
+"""At most this many dataset folders per process (an ImageNet tree has 1000)."""
+_NOT_DATA = (".py", ".pyc", ".so")
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | getattr(os, "O_TMPFILE", 0)
+
+
+class _StageClock:
+    """One process's timing of the batch it is fetching now."""
+
+    __slots__ = (
+        "auto",
+        "cpu_col",
+        "cpu_got",
+        "dirs",
+        "files",
+        "files_got",
+        "ignore",
+        "samples",
+        "t_col",
+        "t_col_end",
+        "t_free",
+        "t_got",
+        "writer",
+    )
+
+    def __init__(self, writer: TimingWriter, auto: bool) -> None:
+        self.writer = writer
+        self.auto = auto
+        self.t_free = _now()
+        self.t_got = self.cpu_got = self.t_col = self.cpu_col = self.t_col_end = 0
+        self.samples = self.files = self.files_got = 0
+        self.dirs: set[str] = set()
+        self.ignore = tuple(d for d in (writer.directory, writer.spare) if d)
+
+    def got(self) -> None:
+        """The batch's indices are in hand: its fetch starts."""
+        self.t_got = _now()
+        self.cpu_got = _cpu()
+        self.files_got = self.files
+        self.samples = 0
+        self.t_col_end = 0
+
+    def emit(self, idx: int, t: int, ready: bool) -> None:
+        """The batch is made: write its four records (only if its collate ran)."""
+        if self.t_got and self.t_col_end:
+            w = self.writer
+            # In the training process itself (ready False) nothing waits for indices.
+            idle = self.t_got - self.t_free if ready else 0
+            w.buf.extend((records.FETCH, self.t_col - self.t_got, self.cpu_col - self.cpu_got,
+                          records.STAGE, self.t_col_end - self.t_col, idle,
+                          records.COUNT, self.samples, self.files - self.files_got))
+            if ready:
+                w.buf.extend((records.READY, idx, t))
+        self.t_got = 0
+
+    def opened(self, path: Any, mode: Any, flags: Any) -> None:
+        """The audit hook saw a file opened (NOTE [dataset folders]): a read counts."""
+        if ((mode.__class__ is str and ("w" in mode or "a" in mode or "x" in mode or "+" in mode))
+                or (flags.__class__ is int and flags & _WRITE_FLAGS)):
+            return  # a checkpoint, a log, multiprocessing's own temporary files
+        self.files += 1
+        if len(self.dirs) >= _PATHS_MAX:
+            return
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if not isinstance(path, str) or path.endswith(_NOT_DATA) or "/pymp-" in path:
+            return
+        folder = path.rpartition("/")[0] or "."
+        if folder in self.dirs:
+            return
+        self.dirs.add(folder)
+        full = os.path.abspath(folder)
+        if (not full.startswith(("/proc/", "/sys/", "/dev/")) or full.startswith("/dev/shm/")) \
+                and not full.startswith(self.ignore):
+            self.writer.paths.append(full)
+
+
+_clock: _StageClock | None = None
+_audit_on = False
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    # NOTE [dataset folders]: every file a worker opens through Python (open, os.open,
+    # io.open_code: PIL, numpy, torch.load, pandas ...) raises the "open" audit event,
+    # whatever library asked for it. Native code (lmdb, HDF5) opens its files
+    # without it; the recorder's scan of open files finds those.
+    if event == "open":
+        c = _clock
+        if c is not None:
+            try:  # (not contextlib.suppress: this runs for every audit event)  # noqa: SIM105
+                c.opened(*args[:3])
+            except Exception:  # noqa: BLE001 - NOTE [never hurt the job]
+                pass
+
+
+def _start_clock(auto: bool) -> _StageClock | None:
+    """This process's stage clock, made with its writer (a worker's own) if timing is on."""
+    global _clock, _audit_on
+    w = _writer
+    if w is None and _inherited is not None:
+        directory, flush_ns, spare, moved = _inherited
+        w = start(directory, flush_ns, spare)
+        w.moved = moved
+    if w is None:
+        return None
+    _clock = _StageClock(w, auto)
+    if not _audit_on:
+        sys.addaudithook(_audit)
+        _audit_on = True
+    return _clock
+
+
+class _TimedIndexQueue:
+    """A worker's index queue: notes when each batch's indices arrive."""
+
+    __slots__ = ("_c", "_q")
+
+    def __init__(self, q: Any, c: _StageClock) -> None:
+        self._q = q
+        self._c = c
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        c = self._c
+        w = c.writer
+        if w.buf:
+            # Work waiting is taken at once, as torch's own get would (one poll either
+            # way). None waiting: the worker is ahead and about to idle, so hand the
+            # figures over now, while nothing waits for it; a worker that the process
+            # ends at exit (multiprocessing terminates daemonic children) would
+            # otherwise lose its last batches.
+            try:
+                r = self._q.get(False)
+            except queue.Empty:
+                try:  # (as in put: plain try costs nothing when nothing fails)  # noqa: SIM105
+                    w.flush()
+                except Exception:  # noqa: BLE001 - NOTE [never hurt the job]
+                    pass
+                r = self._q.get(*args, **kwargs)
+        else:
+            r = self._q.get(*args, **kwargs)
+        if type(r) is tuple:  # (idx, indices); None and _ResumeIteration are not batches
+            c.got()
+        return r
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._q, name)
+
+
+class _TimedDataQueue:
+    """A worker's result queue: the batch is made when the worker puts it."""
+
+    __slots__ = ("_c", "_q")
+
+    def __init__(self, q: Any, c: _StageClock) -> None:
+        self._q = q
+        self._c = c
+
+    def put(self, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        c = self._c
+        t = _now()
+        try:
+            if type(obj) is tuple and len(obj) == 2 and type(obj[0]) is int:
+                c.emit(obj[0], t, True)
+            w = c.writer
+            if t - w.last_flush > w.flush_ns:
+                w.flush(t)
+        except Exception:  # noqa: BLE001 - NOTE [never hurt the job]
+            pass
+        c.t_free = t
+        return self._q.put(obj, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._q, name)
+
+
+def _timed_collate(collate: Callable[[Any], Any], c: _StageClock) -> Callable[[Any], Any]:
+    def collate_fn(batch: Any) -> Any:
+        c.t_col = _now()
+        c.cpu_col = _cpu()
+        c.samples += len(batch) if c.auto and type(batch) is list else 1
+        out = collate(batch)
+        c.t_col_end = _now()
+        return out
+
+    collate_fn.__wrapped__ = collate  # type: ignore[attr-defined]
+    return collate_fn
+
+
+_WORKER_ARGS = 7
+"""torch's worker loop takes (dataset_kind, dataset, index_queue, data_queue, done_event,
+auto_collation, collate_fn, ...) by position."""
+
+
+def _wrap_worker_loop(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _worker_loop(*args: Any, **kwargs: Any) -> Any:
+        c = None
+        try:
+            # The name torch gives its workers, a moment earlier than torch does (it sets
+            # its signal handlers first): the recorder tells a worker from any other
+            # child by it, and a forked worker is otherwise named as its parent.
+            name = getattr(sys.modules.get("torch.multiprocessing"), "_set_thread_name", None)
+            if callable(name):
+                name("pt_data_worker")
+        except Exception:  # noqa: BLE001 - NOTE [never hurt the job]
+            pass
+        try:
+            if len(args) >= _WORKER_ARGS and not kwargs and callable(args[6]):
+                c = _start_clock(bool(args[5]))
+                if c is not None:
+                    args = (*args[:2], _TimedIndexQueue(args[2], c), _TimedDataQueue(args[3], c),
+                            args[4], args[5], _timed_collate(args[6], c), *args[7:])
+        except Exception:  # noqa: BLE001 - NOTE [never hurt the job]
+            c = None
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            if c is not None:
+                # A forked worker ends in os._exit, which runs no atexit handler.
+                with contextlib.suppress(Exception):
+                    stop()
+
+    # Pickled by reference for spawn and forkserver: the child finds its own patched
+    # copy under torch's name (or torch's own, where iolens is not loaded there).
+    _worker_loop.__module__ = orig.__module__
+    _worker_loop.__qualname__ = orig.__qualname__
+    _worker_loop.__wrapped__ = orig  # type: ignore[attr-defined]
+    return _worker_loop
+
+
+def _patch_worker_loop(module: ModuleType) -> None:
+    worker = sys.modules.get(module.__name__.rpartition(".")[0] + "._utils.worker")
+    if worker is None:
+        worker = getattr(getattr(module, "_utils", None), "worker", None)
+    orig = getattr(worker, "_worker_loop", None)
+    if worker is None or orig is None or hasattr(orig, "__wrapped__"):
+        return
+    setattr(worker, "_worker_loop", _wrap_worker_loop(orig))  # noqa: B010 - a module's name
+
+
+def _time_in_process(it: Any) -> None:
+    """num_workers=0: the training process times its own fetch (NOTE [stage timing])."""
+    fetcher = getattr(it, "_dataset_fetcher", None)
+    collate = getattr(fetcher, "collate_fn", None)
+    if fetcher is None or getattr(it, "_workers", None) is not None or not callable(collate):
+        return
+    c = _clock if _clock is not None and _clock.writer is _writer else _start_clock(True)
+    if c is None:
+        return
+    if not hasattr(collate, "__wrapped__"):
+        fetcher.collate_fn = _timed_collate(collate, c)
+    c.auto = bool(getattr(fetcher, "auto_collation", True))
+    it._iolens_clock = c
+
 
 def patch_dataloader(module: ModuleType) -> None:
     """Wrap ``_BaseDataLoaderIter.__next__`` and ``DataLoader.__iter__`` of torch's dataloader."""
@@ -405,8 +709,13 @@ def patch_dataloader(module: ModuleType) -> None:
     batch = records.BATCH
     shift = records.TAG_SHIFT
 
+    handover = records.HANDOVER
+
     def __next__(self: Any) -> Any:
         t0 = _now()
+        c = getattr(self, "_iolens_clock", None)
+        if c is not None:
+            c.got()
         try:
             data = orig_next(self)
         except StopIteration:
@@ -420,7 +729,14 @@ def patch_dataloader(module: ModuleType) -> None:
         t1 = _now()
         w = _writer
         if w is not None:
-            w.buf.extend((batch | (getattr(self, "_iolens_tag", 0) << shift), t0, t1))
+            tag = getattr(self, "_iolens_tag", 0) << shift
+            w.buf.extend((batch | tag, t0, t1))
+            if c is not None:
+                c.emit(0, t1, False)
+            elif self.__dict__.get("_in_order", True) and "_workers" in self.__dict__:
+                idx = self.__dict__.get("_rcvd_idx")
+                if type(idx) is int:  # NOTE [stage timing]: the recorder joins it
+                    w.buf.extend((handover | tag, idx - 1, t0))
             if t1 - w.last_flush > w.flush_ns:
                 w.flush(t1)
         return data
@@ -431,6 +747,8 @@ def patch_dataloader(module: ModuleType) -> None:
         w = _writer
         if w is not None:
             it._iolens_tag = _note_epoch(w, self, it, t)
+            with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+                _time_in_process(it)
         return it
 
     __next__.__wrapped__ = orig_next  # type: ignore[attr-defined]
@@ -438,6 +756,8 @@ def patch_dataloader(module: ModuleType) -> None:
     base.__next__ = __next__
     loader_cls.__iter__ = __iter__
     _patched = True
+    with contextlib.suppress(Exception):  # NOTE [never hurt the job]: the loop's timing stands
+        _patch_worker_loop(module)
 
 
 class _DataLoaderFinder(importlib.abc.MetaPathFinder):

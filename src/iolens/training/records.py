@@ -22,3 +22,20 @@ RANK = 5
 RECORD_BYTES = 24
 TAG_SHIFT = 8
 TYPE_MASK = 0xFF
+
+# -- the input pipeline's stages (NOTE [stage timing] in iolens/training/_hooks.py) ----------
+# A DataLoader worker (or the training process itself, with num_workers=0) writes
+# these four, in this order, for every batch it fetches.
+FETCH = 6
+"""a = wall ns from the batch's indices in hand to its collate starting (``dataset[i]``,
+``__getitems__`` or the iterable's ``next``), b = the part of it on the thread's CPU clock."""
+STAGE = 7
+"""a = wall ns of the collate, b = ns the worker waited for these indices (idle: the
+loader is ahead) since it handed its previous batch over."""
+COUNT = 8
+"""a = samples in the batch, b = files opened while fetching and collating it."""
+READY = 9
+"""a = the batch's index in its epoch, b = when the worker handed it over (monotonic ns)."""
+HANDOVER = 10
+"""Written by the training process right after a worker batch's BATCH record:
+a = the batch's index in its epoch, b = when ``next()`` was called for it."""

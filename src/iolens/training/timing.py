@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from array import array
@@ -29,6 +30,34 @@ def distribution(values_ns: list[int]) -> dict[str, float]:
 class _Stream:
     last_end: int | None = None
     """When the previous batch was handed to the loop (or the epoch began)."""
+
+
+_JOIN_KEEP_NS = 30_000_000_000
+"""A worker's READY record or a loop's HANDOVER record waits this long for its other
+half (NOTE [stage timing] in iolens/training/_hooks.py), then is dropped."""
+
+
+@dataclass
+class _Stages:
+    """One interval's sums of the input pipeline's stages, over the processes that fetch."""
+
+    batches: int = 0
+    samples: int = 0
+    fetch_ns: int = 0
+    fetch_cpu_ns: int = 0
+    collate_ns: int = 0
+    idle_ns: int = 0
+    files: int = 0
+    fetch_max_ns: int = 0
+    pids: set[int] = field(default_factory=set)
+
+    def record(self, handovers: list[int], in_process: bool) -> dict[str, Any]:
+        return {"batches": self.batches, "samples": self.samples, "processes": len(self.pids),
+                "in_process": in_process,
+                "fetch_s": self.fetch_ns / 1e9, "fetch_cpu_s": self.fetch_cpu_ns / 1e9,
+                "fetch_max_s": self.fetch_max_ns / 1e9, "collate_s": self.collate_ns / 1e9,
+                "idle_s": self.idle_ns / 1e9, "files": self.files,
+                "handover": distribution(handovers)}
 
 
 @dataclass
@@ -61,6 +90,20 @@ class TrainingAggregator:
     _streams: dict[tuple[int, int], _Stream] = field(default_factory=dict)
     _last_mark: dict[int, int] = field(default_factory=dict)
     _epoch_pending: set[tuple[int, int]] = field(default_factory=set)
+    worker_loader: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Worker pid -> (training process pid, loader tag), from the WORKER records."""
+    _stages: _Stages = field(default_factory=_Stages)
+    _handovers: list[int] = field(default_factory=list)
+    _ready: dict[tuple[int, int, int], list[int]] = field(default_factory=dict)
+    """(worker pid, ..) -> hand-over times: READY records not yet joined, keyed by
+    (training process pid, loader tag, batch index) once the worker's loader is known
+    and by (-worker pid, 0, batch index) until then."""
+    _waiting: list[tuple[int, int, int, int, int]] = field(default_factory=list)
+    """HANDOVER records not yet joined: (pid, tag, batch index, next() called, returned)."""
+    _epoch_at: dict[tuple[int, int], int] = field(default_factory=dict)
+    _latest: int = 0
+    """The latest time seen in any record (ns), which ages the unjoined ones."""
+    _in_process: set[int] = field(default_factory=set)
 
     def feed(self, pid: int, recs: array[int]) -> None:
         """Add records (a flat array of kind, a, b triples) from process ``pid``."""
@@ -93,6 +136,7 @@ class TrainingAggregator:
                     self.skipped += 1
                     continue
                 self._streams.setdefault(key, _Stream()).last_end = a
+                self._epoch_at[key] = a
                 self._epoch_pending.add(key)
                 self.epochs += 1
                 self.num_workers = max(self.num_workers, b)
@@ -106,10 +150,86 @@ class TrainingAggregator:
                 self._last_mark[pid] = a
             elif rtype == records.WORKER and a > 0 and b >= 0:
                 self.worker_pids[a] = b
+                self.worker_loader[a] = key
+            elif records.FETCH <= rtype <= records.HANDOVER:
+                self._stage(pid, rtype, tag, a, b)
             elif rtype == records.RANK and 0 <= a < b:
                 self.ranks[pid] = (a, b)
             else:
                 self.skipped += 1
+
+    def _stage(self, pid: int, rtype: int, tag: int, a: int, b: int) -> None:
+        """One record of the input pipeline's stages (NOTE [stage timing])."""
+        st = self._stages
+        if rtype == records.FETCH:
+            if a < 0 or b < 0:
+                self.skipped += 1
+                return
+            st.batches += 1
+            st.fetch_ns += a
+            st.fetch_cpu_ns += min(a, b)  # the CPU clock ticks coarser than the wall one
+            st.fetch_max_ns = max(st.fetch_max_ns, a)
+            st.pids.add(pid)
+            if pid not in self.worker_loader:
+                self._in_process.add(pid)
+        elif rtype == records.STAGE:
+            if a < 0 or b < 0:
+                self.skipped += 1
+                return
+            st.collate_ns += a
+            st.idle_ns += b
+        elif rtype == records.COUNT:
+            if a < 0 or b < 0:
+                self.skipped += 1
+                return
+            st.samples += a
+            st.files += b
+        elif rtype == records.READY:
+            if a < 0:
+                self.skipped += 1
+                return
+            self._in_process.discard(pid)
+            loader = self.worker_loader.get(pid)
+            k = (loader[0], loader[1], a) if loader else (-pid, 0, a)
+            self._ready.setdefault(k, []).append(b)
+            self._latest = max(self._latest, b)
+        elif rtype == records.HANDOVER:
+            stream = self._streams.get((pid, tag))
+            end = stream.last_end if stream is not None else None
+            if a < 0 or end is None or end < b:
+                self.skipped += 1
+                return
+            self._waiting.append((pid, tag, a, b, end))
+            self._latest = max(self._latest, end)
+
+    def _join(self) -> None:
+        """Pair each batch the loop got from a worker with the moment the worker handed it
+        over: its hand-over runs from then, or from ``next()`` if that came later, to the
+        return of ``next()`` (the queue, unpickling, pin_memory)."""
+        for k in [k for k in self._ready if k[0] < 0]:
+            loader = self.worker_loader.get(-k[0])
+            if loader is not None:
+                self._ready.setdefault((loader[0], loader[1], k[2]), []).extend(
+                    self._ready.pop(k))
+        keep = []
+        for item in self._waiting:
+            pid, tag, idx, called, ret = item
+            times = self._ready.get((pid, tag, idx))
+            since = self._epoch_at.get((pid, tag), 0)
+            best = max((t for t in times or () if since <= t <= ret), default=None)
+            if best is not None and times is not None:
+                times.remove(best)
+                self._handovers.append(ret - max(called, best))
+            elif self._latest - ret < _JOIN_KEEP_NS:
+                keep.append(item)
+        self._waiting = keep
+        old = self._latest - _JOIN_KEEP_NS
+        for k in list(self._ready):
+            left = [t for t in self._ready[k] if t >= old]
+            if left:
+                self._ready[k] = left
+            else:
+                del self._ready[k]
 
     def take(self) -> dict[str, Any]:
         """The figures since the last call, then start a new interval."""
@@ -128,6 +248,12 @@ class TrainingAggregator:
             out["epoch_start_wait"] = distribution(self.epoch_start_waits)
         if self.epochs:
             out["num_workers"] = self.num_workers
+        self._join()
+        if self._stages.batches or self._handovers:
+            out["pipeline"] = self._stages.record(self._handovers,
+                                                  bool(self._in_process & self._stages.pids))
+        self._stages = _Stages()
+        self._handovers = []
         if self.ranks and self._per_pid:
             # Per rank (several training processes): whose input pipeline is slowest.
             out["ranks"] = {
@@ -155,6 +281,10 @@ def timing_pid(name: str) -> int | None:
     return int(stem)
 
 
+_LOOP = frozenset((records.BATCH, records.EPOCH, records.STEP))
+"""Record types only a process running a training loop writes (not a worker's stages)."""
+
+
 class TimingReader:
     """Follows ``<run>/timing/*.bin`` as the training processes append to them."""
 
@@ -167,6 +297,9 @@ class TimingReader:
         self._offsets: dict[str, int] = {}
         self.pids: set[int] = set()
         """Processes that have written timing records: those running the training loop."""
+        self.paths: list[str] = []
+        """Folders the job's input pipeline opened files in, not yet taken (NOTE [dataset
+        folders] in iolens/training/_hooks.py); the recorder empties it."""
 
     def poll(self, into: TrainingAggregator) -> int:
         """Feed every whole record written since the last poll; returns how many."""
@@ -183,7 +316,11 @@ class TimingReader:
                 pid = timing_pid(name)
                 if pid is not None:
                     paths.append((pid, os.path.join(directory, name)))
+                elif name.endswith(".paths"):
+                    self._read_paths(os.path.join(directory, name))
         count = 0
+        # Workers' records after the training processes': their loader is then known.
+        paths.sort(key=lambda p: p[0] not in self.pids)
         for pid, path in paths:
             offset = self._offsets.get(path, 0)
             try:
@@ -198,7 +335,29 @@ class TimingReader:
             recs = array("q")
             recs.frombytes(data[:whole])
             self._offsets[path] = offset + whole
-            self.pids.add(pid)
+            if pid not in self.pids and any(
+                    (recs[i] & records.TYPE_MASK) in _LOOP for i in range(0, len(recs), 3)):
+                self.pids.add(pid)
             into.feed(pid, recs)
             count += whole // records.RECORD_BYTES
         return count
+
+    def _read_paths(self, path: str) -> None:
+        offset = self._offsets.get(path, 0)
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(1 << 20)
+        except OSError:
+            return
+        whole = data.rfind(b"\n") + 1
+        if not whole:
+            return
+        self._offsets[path] = offset + whole
+        for line in data[:whole].splitlines():
+            try:
+                folder = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(folder, str) and folder.startswith("/"):
+                self.paths.append(folder)
