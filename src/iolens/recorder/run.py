@@ -564,6 +564,7 @@ def finish_run(run_dir: RunDir, recorder: Recorder | None, command: list[str],
                               "there at the end")
     meta = recorder.base_meta(command, {
         "devices": recorder.watch,
+        "storage": recorder.storage.meta(),
         "end": rfc3339(time.time()),
         "duration_s": round(time.time() - recorder.start_wall, 3),
         **extra,

@@ -21,6 +21,7 @@ from iolens._errors import StatsUnavailableError
 from iolens.core.counters import DiskSnapshot
 from iolens.core.rates import DeviceRates, snapshot_rates
 from iolens.recorder.rundir import SCHEMA_VERSION, RunDir, rfc3339
+from iolens.recorder.storage import StorageWatch
 from iolens.sinks.state import LiveTotals
 from iolens.sources.devmap import device_for_path
 from iolens.sources.disk import DiskSampler
@@ -33,6 +34,7 @@ from iolens.sources.procfs import (
     SystemReader,
     cpu_percentages,
 )
+from iolens.sources.procmaps import read_mapped_files
 from iolens.training.timing import TimingReader, TrainingAggregator
 
 # Zombie and dead processes have exited; only their parent has yet to reap them.
@@ -44,6 +46,8 @@ _UNSAVED_MAX = 10_000
 # samples, and no more than once a second (at a 0.05 s interval, every 20).
 _DISCOVER_EVERY = 5
 _DISCOVER_MIN_S = 1.0
+_MAPS_EVERY = 10
+"""A process's memory maps are read again every this many discovery passes."""
 _DEVICE_FIELDS = ("r_s", "rkB_s", "rrqm_s", "r_await", "rareq_sz", "w_s", "wkB_s", "wrqm_s",
                   "w_await", "wareq_sz", "d_s", "f_s", "aqu_sz", "util")
 
@@ -161,6 +165,10 @@ class Recorder:
         self.procs = ProcessTable(proc_root)
         self.gpu = GpuReader()
         self.timing = TimingReader(run.timing_dir if run is not None else None)
+        self.storage = StorageWatch(proc_root, sys_root)
+        self._maps_seen: dict[int, int] = {}
+        self._maps_pass = 0
+        """What serves the dataset (NOTE [dataset folders] in iolens/recorder/storage.py)."""
         self.train = totals.aggregator() if totals is not None else TrainingAggregator()
         # One list: the disk sampler's fallbacks (/sys/block, the monotonic clock)
         # belong in meta.json with the recorder's own notes.
@@ -317,7 +325,28 @@ class Recorder:
         every = max(_DISCOVER_EVERY, math.ceil(_DISCOVER_MIN_S / self.interval))
         if self.discover and self.seq % every == 0:
             self._discover_devices([p for p in samples if p not in self.exclude_pids])
+            self._discover_mapped([p for p in samples if p not in self.exclude_pids])
         return rec
+
+    def _discover_mapped(self, pids: list[int]) -> None:
+        """Folders of the data files the job maps into memory (numpy.memmap): opened once
+        and closed, they show in no fd list. Each process's maps are read when it is
+        first seen and then every _MAPS_EVERY passes (they are long: every library)."""
+        self._maps_pass += 1
+        exclude = tuple(d for d in (self.timing.directory, self.timing.spare) if d)
+        for pid in pids:
+            seen = self._maps_seen.get(pid)
+            if seen is not None and (self._maps_pass - seen) % _MAPS_EVERY:
+                continue
+            if seen is None:
+                self._maps_seen[pid] = self._maps_pass
+            for path in read_mapped_files(pid, self.proc_root, exclude):
+                self.timing.paths.append(os.path.dirname(path) or "/")
+        if len(self._maps_seen) > 4096:  # pids that are gone
+            live = set(pids)
+            self._maps_seen = {p: n for p, n in self._maps_seen.items() if p in live}
+        if self.timing.paths:
+            self._map_folders()
 
     def _discover_devices(self, pids: list[int]) -> None:
         # NOTE [fd reuse]: the link is read before and after the stat, and the fd
@@ -354,6 +383,20 @@ class Recorder:
                     pass
                 self._dev_cache[st_dev] = name
 
+    def _map_folders(self) -> None:
+        """Watch the devices that serve the folders the input pipeline opened files in."""
+        folders, self.timing.paths = self.timing.paths, []
+        if not self.discover:
+            return
+        for folder in folders:
+            served = self.storage.add(folder)
+            if served is None:
+                continue
+            for disk in served.disks:
+                if disk not in self.watch:
+                    self.watch[disk] = (f"serves the dataset: the input pipeline opened files "
+                                        f"in {folder}")
+
     def _cpu(self) -> dict[str, float]:
         cur = self.system.cpu()
         prev, self._cpu_prev = self._cpu_prev, cur
@@ -375,6 +418,8 @@ class Recorder:
         seconds = max(now_mono - self._last_mono, 1e-9)
         self._last_mono = now_mono
         self.timing.poll(self.train)
+        if self.timing.paths:
+            self._map_folders()
         rec: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
             "seq": self.seq,
@@ -388,6 +433,15 @@ class Recorder:
             "mem": self._mem(),
             "train": self.train.take(),
         }
+        if self.storage.served:
+            try:
+                served = self.storage.sample(seconds)
+            except Exception as exc:  # noqa: BLE001 - NOTE [never hurt the job] in loop()
+                served = {}
+                if not any(n.startswith("storage figures") for n in self.notes):
+                    self.notes.append(f"storage figures not read: {exc!r}")
+            if served:
+                rec["storage"] = served
         if self.gpu.available:
             gpus = self.gpu.sample()
             for g in gpus:  # which of each GPU's processes belong to the job

@@ -1,0 +1,197 @@
+"""What serves the dataset: the folders the input pipeline opens files in, mapped to storage.
+
+NOTE [dataset folders]: the DataLoader workers (and the training process with
+num_workers=0) note every folder they open files in (an audit hook, see
+iolens/training/_hooks.py); the recorder maps each to the mount that holds
+it. A block device is then watched like a ``--path`` (its iostat figures in
+every record from then on); a filesystem with no block device is named as
+such, with the figures it has: FUSE (its subtype, the requests waiting on
+its connection, the daemon's CPU and I/O where it runs here) and NFS (the
+mountstats figures of nfsiostat). meta.json lists what was found and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from iolens.sources import fuse
+from iolens.sources.devmap import MountEntry, device_for_path, read_mountinfo
+from iolens.sources.procfs import CLK_TCK, ProcessTable, ProcIO
+
+if TYPE_CHECKING:
+    from iolens.sources import nfs
+
+_FOLDERS_SHOWN = 5
+"""Folders listed per mount in meta.json (the rest are counted)."""
+_MOUNTS_MAX = 16
+"""Mounts followed at most: a job that opens files everywhere is not a dataset."""
+
+
+def kind_of(fstype: str, device: str | None) -> str:
+    """``block``, ``fuse``, ``nfs``, ``tmpfs``, ``overlay`` or ``other``: how the figures of
+    a filesystem of type ``fstype`` are to be read."""
+    if fuse.fuse_subtype(fstype) is not None:
+        return "fuse"
+    if fstype in ("nfs", "nfs4"):
+        return "nfs"
+    if fstype in ("tmpfs", "ramfs"):
+        return "tmpfs"
+    if device:
+        return "block"
+    if fstype == "overlay":
+        return "overlay"
+    return "other"
+
+
+def page_cache_visible(kind: str) -> bool:
+    """Whether ``1 - read_bytes/rchar`` means the page cache's share for this storage.
+
+    Only reads of a block device count in read_bytes; FUSE, NFS and tmpfs reads
+    never do, so there the figure would claim a cache hit it cannot see.
+    """
+    return kind in ("block", "overlay")
+
+
+@dataclass
+class Served:
+    """One mount that serves the dataset."""
+
+    mount: str
+    fstype: str
+    device: str | None
+    disks: list[str]
+    kind: str
+    source: str = ""
+    folders: list[str] = field(default_factory=list)
+    more_folders: int = 0
+    connection: int | None = None
+    daemon: int | None = None
+    _daemon_prev: tuple[int, ProcIO] | None = None
+    _nfs_prev: nfs.NfsMount | None = None  # (a string annotation: nfs loads lazily)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"mount": self.mount, "fstype": self.fstype,
+                               "device": self.device, "kind": self.kind, "source": self.source,
+                               "disks": self.disks, "folders": self.folders,
+                               "page_cache_visible": page_cache_visible(self.kind)}
+        if self.more_folders:
+            out["more_folders"] = self.more_folders
+        if self.kind == "fuse":
+            out["subtype"] = fuse.fuse_subtype(self.fstype)
+            out["connection"] = self.connection
+            out["daemon_pid"] = self.daemon
+        return out
+
+
+class StorageWatch:
+    """Maps the dataset's folders to what serves them and samples those figures."""
+
+    def __init__(self, proc_root: str = "/proc", sys_root: str = "/sys") -> None:
+        self.proc_root = proc_root
+        self.sys_root = sys_root
+        self.served: dict[str, Served] = {}
+        self.notes: list[str] = []
+        self._procs = ProcessTable(proc_root)
+        self._seen: set[str] = set()
+
+    def add(self, folder: str) -> Served | None:
+        """Note that the dataset reads ``folder``; returns its mount when it is new."""
+        if folder in self._seen or not is_dataset_path(folder):
+            return None
+        self._seen.add(folder)
+        if len(self.served) >= _MOUNTS_MAX:
+            return None
+        try:
+            m = device_for_path(folder, self.proc_root, self.sys_root)
+        except (OSError, ValueError):
+            return None
+        if not m.mount_point:
+            return None
+        old = self.served.get(m.mount_point)
+        if old is not None:
+            if len(old.folders) < _FOLDERS_SHOWN:
+                old.folders.append(folder)
+            else:
+                old.more_folders += 1
+            return None
+        entry = _mount_entry(m.mount_point, self.proc_root)
+        s = Served(m.mount_point, m.fstype, m.device, list(m.disks),
+                   kind_of(m.fstype, m.device), entry.source if entry else "", [folder])
+        if s.kind == "fuse":
+            with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+                s.connection = fuse.fuse_connection(entry) if entry is not None else None
+                s.daemon = fuse.find_daemon(s.mount, self.proc_root)
+        self.served[s.mount] = s
+        return s
+
+    def sample(self, seconds: float) -> dict[str, Any]:
+        """This interval's figures of the storage with no block device (FUSE, NFS)."""
+        out: dict[str, Any] = {}
+        stats: dict[str, nfs.NfsMount] | None = None
+        if any(s.kind == "nfs" for s in self.served.values()):
+            from iolens.sources import nfs  # noqa: PLC0415 - only where an NFS mount serves
+
+        for s in self.served.values():
+            if s.kind == "fuse":
+                out[s.mount] = self._fuse(s, seconds)
+            elif s.kind == "nfs":
+                if stats is None:
+                    stats = nfs.read_mountstats(self.proc_root) or {}
+                cur = stats.get(s.mount)
+                if cur is not None:
+                    if s._nfs_prev is not None:
+                        out[s.mount] = {k: round(v, 4) for k, v in
+                                        nfs.nfs_rates(s._nfs_prev, cur, seconds).items()}
+                    s._nfs_prev = cur
+        return out
+
+    def _fuse(self, s: Served, seconds: float) -> dict[str, Any]:
+        fig: dict[str, Any] = {}
+        if s.connection is not None:
+            fig["waiting"] = fuse.read_waiting(s.connection, self.sys_root)
+        if s.daemon is not None:
+            st = self._procs.read_stat(s.daemon)
+            io = self._procs.read_io(s.daemon)
+            if st is None:
+                s.daemon, s._daemon_prev = None, None
+                return fig
+            ticks = st.utime_ticks + st.stime_ticks
+            io = io if io is not None else ProcIO()
+            prev, s._daemon_prev = s._daemon_prev, (ticks, io)
+            if prev is not None and seconds > 0:
+                fig["daemon_cpu_pct"] = round((ticks - prev[0]) / CLK_TCK / seconds * 100, 2)
+                # The daemon's rchar/wchar count its sockets: the network side of the mount.
+                fig["daemon_rchar_s"] = round(max(0, io.rchar - prev[1].rchar) / seconds, 1)
+                fig["daemon_wchar_s"] = round(max(0, io.wchar - prev[1].wchar) / seconds, 1)
+        return fig
+
+    def meta(self) -> list[dict[str, Any]]:
+        return [s.to_dict() for s in self.served.values()]
+
+
+def _mount_entry(mount_point: str, proc_root: str) -> MountEntry | None:
+    entries = read_mountinfo(proc_root) or []
+    found = None
+    for e in entries:
+        if e.mount_point == mount_point:
+            found = e  # the last one mounted there is the one seen
+    return found
+
+
+def storage_kinds(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The storage entries of a run's meta.json that are well formed."""
+    out = []
+    for s in meta.get("storage") or []:
+        if isinstance(s, dict) and isinstance(s.get("mount"), str):
+            out.append(s)
+    return out
+
+
+def is_dataset_path(path: str) -> bool:
+    """A folder worth mapping: absolute and not a kernel filesystem (/dev/shm is a dataset's
+    place in RAM, not one)."""
+    return path.startswith("/") and (not path.startswith(("/proc/", "/sys/", "/dev/"))
+                                     or path.startswith("/dev/shm/"))
+
