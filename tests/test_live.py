@@ -259,6 +259,66 @@ def test_long_device_names_are_cut_and_lines_fit() -> None:
         assert "12.50" in row  # the figures survive the cut
 
 
+def pipeline_record(seq: int = 0) -> dict[str, Any]:
+    """record() with its workers' stage sums (25 batches of 4 samples) and a FUSE mount."""
+    rec = record(seq)
+    rec["train"]["pipeline"] = {
+        "batches": 25, "samples": 100, "processes": 4, "in_process": False,
+        "fetch_s": 0.53, "fetch_cpu_s": 0.0212, "fetch_max_s": 0.05, "collate_s": 0.0075,
+        "idle_s": 0.0225, "files": 100,
+        "handover": {"count": 25, "sum_s": 0.0425, "max_s": 0.004, "p50_s": 0.0017,
+                     "p95_s": 0.003}}
+    rec["storage"] = {"/mnt/s3": {"waiting": 7, "daemon_cpu_pct": 3.0},
+                      "/nfs/data": {"read_ops_s": 120.0}}
+    return rec
+
+
+def test_the_pipeline_line_shows_the_latest_intervals_stages() -> None:
+    text = text_of(render([record(0), pipeline_record(1)], WATCH, HEADER), 180)
+    assert lines_fit(text, 180)
+    line = next(x for x in text.splitlines() if x.startswith("pipeline:"))
+    assert line == ("pipeline: fetch 5.3 ms/sample (4% CPU, 96% blocked), collate 0.3 ms, "
+                    "hand-over 1.7 ms/batch, workers idle 4%, FUSE /mnt/s3: 7 requests waiting")
+    assert text.splitlines()[2] == line  # under the verdict
+    # FUSE and NFS reads never reach read_bytes: no cache hit from them
+    assert "cache hit  — (not seen on FUSE/NFS)" in text and "87.5%" not in text
+    # only the latest interval counts: one without stage figures has no line
+    plain = text_of(render([pipeline_record(0), record(1)], WATCH, HEADER), 180)
+    assert "pipeline:" not in plain and "cache hit  87.5% (workers)" in plain
+    narrow = text_of(render([pipeline_record()], WATCH, HEADER), 60)
+    assert lines_fit(narrow, 60)
+    assert any(x.startswith("pipeline: fetch 5.3 ms/sample") for x in narrow.splitlines())
+
+
+def test_the_pipeline_line_of_a_loader_without_workers_and_of_bad_figures() -> None:
+    rec = pipeline_record()
+    del rec["storage"]
+    rec["train"]["pipeline"].update(in_process=True, processes=1)
+    line = next(x for x in text_of(render([rec], WATCH, HEADER), 200).splitlines()
+                if x.startswith("pipeline:"))
+    assert line.endswith("hand-over 1.7 ms/batch, in the training process (num_workers=0)")
+    assert "idle" not in line
+    only_handover = record()
+    only_handover["train"]["pipeline"] = {"batches": 0, "handover": {"count": 2, "sum_s": 0.01}}
+    assert "pipeline: hand-over 5.0 ms/batch\n" in text_of(
+        render([only_handover], WATCH, HEADER), 200)
+    bad: Any
+    for bad in ({"batches": "25", "samples": None, "fetch_s": float("nan"), "handover": []},
+                {"batches": float("inf"), "fetch_s": 1.0, "samples": 0, "collate_s": "x",
+                 "idle_s": -1.0, "handover": {"count": True, "sum_s": "1"}},
+                [], "pipeline", None):
+        rec = record()
+        rec["train"]["batches"] = 3  # the line alone: too few batches for the verdict
+        rec["train"]["pipeline"] = bad
+        rec["storage"] = {"/mnt/x": {"waiting": "many"}, "/mnt/y": None, 3: [1]}
+        for width in (30, 120):
+            text = text_of(render([rec], WATCH, HEADER), width)
+            assert "nan" not in text and "inf" not in text and lines_fit(text, width)
+    rec = record()
+    rec["storage"] = "fuse"
+    assert "pipeline:" not in text_of(render([rec], WATCH, HEADER), 120)
+
+
 def test_the_verdict_waits_for_enough_batches() -> None:
     few = record()
     few["train"]["batches"] = 5

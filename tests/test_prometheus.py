@@ -279,6 +279,126 @@ def test_collector_on_fixture_proc_gives_exact_values(tmp_path: Path) -> None:
         assert name.startswith("iolens_")
 
 
+def stage_record(seq: int, **pipe: Any) -> dict[str, Any]:
+    """An interval record with its workers' stage sums (train.pipeline) and a FUSE mount."""
+    p: dict[str, Any] = {
+        "batches": 10, "samples": 40, "processes": 2, "in_process": False, "fetch_s": 0.4,
+        "fetch_cpu_s": 0.02, "fetch_max_s": 0.08, "collate_s": 0.003, "idle_s": 0.02,
+        "files": 40, "handover": {"count": 10, "sum_s": 0.017, "max_s": 0.003,
+                                  "p50_s": 0.0015, "p95_s": 0.003}}
+    p.update(pipe)
+    return {"schema": 1, "seq": seq, "t": 1_800_000_000.0 + seq, "elapsed_s": seq + 1.0,
+            "interval_s": 1.0, "train": {"batches": 10, "pipeline": p},
+            "storage": {"/mnt/s3": {"waiting": 3 + seq, "daemon_cpu_pct": 5.0},
+                        "/nfs/data": {"read_ops_s": 10.0}}}
+
+
+PIPELINE_COUNTERS = ("fetch_seconds", "fetch_cpu_seconds", "collate_seconds", "idle_seconds",
+                     "handover_seconds", "handovers", "batches", "samples", "files_opened")
+
+
+def test_pipeline_counters_sum_the_records_stages() -> None:
+    totals = LiveTotals(rank="1")
+    collector = IolensCollector(totals.latest, ExportLabels("node1", "resnet", "1"))
+    totals.publish(None, None, [], None)  # the baseline: every counter there, at zero
+    first = _collect(collector)
+    for name in PIPELINE_COUNTERS:
+        assert first.value(f"iolens_pipeline_{name}_total", host="node1", rank="1") == 0
+        assert first.types[f"iolens_pipeline_{name}"] == "counter"
+    assert "iolens_fuse_requests_waiting" not in first.names
+
+    totals.publish(stage_record(0), None, [], None)
+    totals.publish({"seq": 1, "train": {"batches": 0}}, None, [], None)  # no batch timed
+    totals.publish(stage_record(2, fetch_s=0.6, samples=30, files=0,
+                                handover={"count": 4, "sum_s": 0.01}), None, [], None)
+    # nothing a malformed record holds takes from a counter or breaks the scrape
+    for bad in ({"batches": -5, "fetch_s": float("nan"), "collate_s": "1", "idle_s": True,
+                 "samples": float("inf"), "handover": {"count": -1, "sum_s": -2.0}},
+                "pipeline", None, [1]):
+        totals.publish({"seq": 3, "train": {"pipeline": bad}, "storage": {"/x": None}},
+                       None, [], None)
+    totals.publish({"seq": 4, "train": "x", "storage": "fuse"}, None, [], None)
+    totals.publish(stage_record(5), None, [], None)
+    s = _collect(collector)
+    base = {"host": "node1", "job": "resnet", "rank": "1"}
+
+    def total(name: str) -> float:
+        return s.value(f"iolens_pipeline_{name}_total", **base)
+
+    assert total("fetch_seconds") == pytest.approx(0.4 + 0.6 + 0.4)
+    assert total("fetch_cpu_seconds") == pytest.approx(0.06)
+    assert total("collate_seconds") == pytest.approx(0.009)
+    assert total("idle_seconds") == pytest.approx(0.06)
+    assert total("handover_seconds") == pytest.approx(0.017 + 0.01 + 0.017)
+    assert total("handovers") == 24
+    assert total("batches") == 30 and total("samples") == 110 and total("files_opened") == 80
+    # the gauge: the latest record's FUSE mounts (NFS mounts have no such figure)
+    assert s.values("iolens_fuse_requests_waiting", mount="/mnt/s3", **base) == [8.0]
+    assert s.values("iolens_fuse_requests_waiting", mount="/nfs/data") == []
+    assert s.types["iolens_fuse_requests_waiting"] == "gauge"
+    # the counters never go down, and a record without storage drops the gauge
+    totals.publish({"seq": 6, "train": {"batches": 0}}, None, [], None)
+    later = _collect(collector)
+    for name in PIPELINE_COUNTERS:
+        assert later.value(f"iolens_pipeline_{name}_total", **base) == total(name)
+    assert "iolens_fuse_requests_waiting" not in later.names
+    # the machine's exporter follows no training loop: no pipeline counters
+    machine = LiveTotals(training=False)
+    machine.publish(stage_record(0), None, [], None)
+    m = _collect(IolensCollector(machine.latest, ExportLabels("n", "j")))
+    assert not any(n.startswith("iolens_pipeline_") for n in m.names)
+    assert m.value("iolens_fuse_requests_waiting", mount="/mnt/s3") == 3
+
+
+def test_pipeline_counters_from_a_recorders_worker_timings(tmp_path: Path) -> None:
+    """The stage records a DataLoader worker writes, through the recorder's aggregator and
+    its interval record, reach the counters (NOTE [stage timing])."""
+    proc = tmp_path / "proc"
+    _write(proc / "diskstats", FakeSnapshot("100.00", []).diskstats_text())
+    _write(proc / "uptime", "100.00 0.00\n")
+    _write(proc / "stat", "cpu  100 5 50 800 40 3 2 1 0 0\n")
+    _write(proc / "meminfo", "MemTotal: 4000 kB\nMemAvailable: 1000 kB\n")
+    _write(proc / "100" / "stat", _stat(100, "python", 1, 100))
+    _write(proc / "100" / "io", _io(5000, 1000))
+    (tmp_path / "sys").mkdir()
+    totals = LiveTotals(rank="0", interval=1.0, proc_root=str(proc))
+    rec = Recorder(None, 100, 1.0, {}, proc_root=str(proc), sys_root=str(tmp_path / "sys"),
+                   discover=False, totals=totals)
+    collector = IolensCollector(totals.latest, ExportLabels("n", "j"), {"cpus": 2})
+    tag = 1 << records.TAG_SHIFT
+
+    def batch(idx: int, ready_ms: int) -> list[int]:
+        # fetch 8 ms (2 ms on CPU), collate 1 ms, idle 3 ms, 4 samples from 4 files
+        return [records.FETCH | tag, 8 * MS, 2 * MS, records.STAGE | tag, MS, 3 * MS,
+                records.COUNT | tag, 4, 4, records.READY | tag, idx, ready_ms * MS]
+
+    try:
+        rec.train.feed(100, array("q", [records.EPOCH | tag, 0, 1,
+                                        records.WORKER | tag, 101, 0]))
+        rec.train.feed(101, array("q", batch(0, 20) + batch(1, 30)))
+        # the loop asked for batch 0 at 15 ms and got it at 22 (hand-over from 20 ms: 2 ms),
+        # for batch 1 at 40 ms and got it at 41 (1 ms)
+        rec.train.feed(100, array("q", [records.BATCH | tag, 15 * MS, 22 * MS,
+                                        records.HANDOVER | tag, 0, 15 * MS,
+                                        records.BATCH | tag, 40 * MS, 41 * MS,
+                                        records.HANDOVER | tag, 1, 40 * MS]))
+        rec.sample()
+        rec.train.feed(101, array("q", batch(2, 50)))
+        rec.sample()
+        s = _collect(collector)
+    finally:
+        rec.close()
+    assert s.value("iolens_pipeline_batches_total") == 3
+    assert s.value("iolens_pipeline_samples_total") == 12
+    assert s.value("iolens_pipeline_files_opened_total") == 12
+    assert s.value("iolens_pipeline_fetch_seconds_total") == pytest.approx(0.024)
+    assert s.value("iolens_pipeline_fetch_cpu_seconds_total") == pytest.approx(0.006)
+    assert s.value("iolens_pipeline_collate_seconds_total") == pytest.approx(0.003)
+    assert s.value("iolens_pipeline_idle_seconds_total") == pytest.approx(0.009)
+    assert s.value("iolens_pipeline_handovers_total") == 2
+    assert s.value("iolens_pipeline_handover_seconds_total") == pytest.approx(0.003)
+
+
 def gpu_state() -> ExportState:
     """A state with two GPUs and two ranks, as a machine with NVML would publish it."""
     h = Histogram()

@@ -236,6 +236,121 @@ def test_the_page_fetches_nothing(tmp_path: Path) -> None:
     assert "connect-src 'none'" in csp.group(1) and "unsafe-eval" not in csp.group(1)
 
 
+# -- the input pipeline and what serves the dataset ---------------------------------------
+
+FUSE_MOUNT = "/mnt/<s3>&"
+
+
+def pipe_rec(i: int, *, fetch_s: float = 0.4, **kw: Any) -> dict[str, Any]:
+    """Interval ``i`` of test_verdict's rec() with its workers' stage sums: 10 batches of 4
+    samples; per batch 2 ms fetching on CPU, the rest of ``fetch_s``/10 blocked, 0.3 ms
+    collate, 1.7 ms hand-over, 2 ms idle."""
+    r = rec(i, wait=0.05, worker_rchar=4 * 10**6, **kw)
+    r["job"]["roles"]["worker"]["cache_hit"] = 1.0  # what read_bytes/rchar claims on FUSE
+    r["train"]["pipeline"] = {
+        "batches": 10, "samples": 40, "processes": 2, "in_process": False,
+        "fetch_s": fetch_s, "fetch_cpu_s": 0.02, "fetch_max_s": 0.08, "collate_s": 0.003,
+        "idle_s": 0.02, "files": 40,
+        "handover": {"count": 10, "sum_s": 0.017, "max_s": 0.003, "p50_s": 0.0015,
+                     "p95_s": 0.003}}
+    r["storage"] = {FUSE_MOUNT: {"waiting": 3, "daemon_cpu_pct": 12.0}}
+    return r
+
+
+FUSE_META = {**META, "storage": [{
+    "mount": FUSE_MOUNT, "fstype": "fuse.rclone", "device": None, "kind": "fuse",
+    "source": "<remote>:", "disks": [], "folders": [f"{FUSE_MOUNT}/train", EVIL],
+    "more_folders": 2, "page_cache_visible": False}]}
+
+
+def test_the_input_pipeline_stages_are_charted_and_tabled(tmp_path: Path) -> None:
+    records = [pipe_rec(i, fetch_s=0.4 + 0.01 * i) for i in range(30)]
+    records[7]["train"]["pipeline"] = {"batches": 0, "samples": 0}  # no batch timed then
+    report, recs = report_of(tmp_path / "run", records, FUSE_META)
+    assert report["pipeline"] is not None and len(report["pipeline"]["stages"]) == 29
+    page = render_html(report, recs, plotlyjs=STUB_JS)
+    data = page_data(page)
+    assert [c["id"] for c in data["charts"]][-1] == "pipeline"
+    chart = next(c for c in data["charts"] if c["id"] == "pipeline")
+    assert chart["stack"] is True and chart["unit"] == "ms per batch"
+    assert chart["title"].startswith("Input pipeline: stage split per batch over time")
+    by = {s["name"]: s for s in chart["series"]}
+    assert list(by) == ["fetch on CPU", "fetch blocked off CPU", "collate", "hand-over",
+                        "idle (waiting for indices)"]
+    assert by["fetch on CPU"]["y"][:3] == [2.0, 2.0, 2.0]  # ms per batch
+    assert by["fetch blocked off CPU"]["y"][:3] == [38.0, 39.0, 40.0]
+    assert by["fetch blocked off CPU"]["y"][7] is None  # the interval without a batch
+    assert by["fetch blocked off CPU"]["y"][29] == pytest.approx(38.0 + 29)
+    assert by["collate"]["y"][0] == 0.3 and by["hand-over"]["y"][0] == 1.7
+    assert by["idle (waiting for indices)"]["y"][0] == 2.0
+    assert all(re.fullmatch(r"#[0-9a-f]{6}", s["color"]) for s in chart["series"])
+    assert all("lo" not in s for s in chart["series"])
+    assert data["x"][0] == 1.0 and len(data["x"]) == 30  # the other charts' time axis
+    # the figures, as the text report has them
+    figures = re.search(r'<div id="pipeline-figures">(.*?)</div>', page, re.S)
+    assert figures is not None
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", figures.group(1))
+    rows = dict(zip(cells[::2], cells[1::2], strict=True))
+    assert rows["fetch per sample"] == "13.7 ms"  # sum of fetch_s / 1160 samples
+    assert rows["on CPU"] == "4%" and rows["blocked off CPU (I/O, network, locks, sleeps)"] == "96%"
+    assert rows["collate per batch"] == "0.3 ms"
+    assert rows["hand-over per batch (queue, unpickling, pin_memory)"] == "1.7 ms"
+    assert rows["workers idle (waiting for the loop to ask)"] == "4%"
+    assert rows["files opened per sample"] == "1.00"
+    assert "timed inside the DataLoader workers: 1160 samples in 290 batches" in figures.group(1)
+    # what serves the dataset, every recorded string escaped
+    served = re.search(r'<div id="storage">(.*?)</div>', page, re.S)
+    assert served is not None
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", served.group(1))
+    assert cells == [html.escape(FUSE_MOUNT), "fuse.rclone", "fuse", "none (no block device)",
+                     html.escape(f"{FUSE_MOUNT}/train, {EVIL} and 2 more")]
+    assert FUSE_MOUNT not in page and EVIL not in page
+    assert len(re.findall(r"<script\b", page)) == 3
+    # FUSE reads never reach read_bytes: the note instead of a cache hit, in table and chart
+    note = report["processes"]["worker"]["cache_hit_note"]
+    assert f'<p class="dim note" id="cache-hit-note">cache hit not shown: {html.escape(note)}' \
+           in page
+    procs = re.search(r"<caption>the job&#x27;s processes</caption>(.*?)</table>", page, re.S)
+    assert procs is not None and "not shown" in procs.group(1) and "%</td></tr>" not in \
+        procs.group(1)
+    job = next(c for c in data["charts"] if c["id"] == "job")
+    names = [s["name"] for s in job["series"]]
+    assert names == ["job read", "job write", "read() (workers, rchar)"]
+    assert job["series"][2]["y"][0] == pytest.approx(4 * 10**6 / 2**20, rel=1e-3)
+    assert "unit2" not in job and "cache hit" not in job["title"]
+
+
+def test_a_long_run_buckets_the_stage_split_with_the_other_charts(tmp_path: Path) -> None:
+    records = [pipe_rec(i, fetch_s=0.4 if i < 20 else 0.8) for i in range(40)]
+    report, recs = report_of(tmp_path / "run", records, FUSE_META)
+    data = page_data(render_html(report, recs, plotlyjs=STUB_JS, max_points=10))
+    assert data["per_bucket"] == 4 and len(data["x"]) == 10
+    chart = next(c for c in data["charts"] if c["id"] == "pipeline")
+    blocked = next(s for s in chart["series"] if s["name"] == "fetch blocked off CPU")
+    assert blocked["y"] == [38.0] * 5 + [78.0] * 5  # each bucket's mean per batch
+
+
+def test_a_run_without_stage_timing_has_no_pipeline_section(tmp_path: Path) -> None:
+    records = [rec(i, wait=0.09, devices=SLOW_LOOP, job_read=112 * 64 * 1024,
+                   worker_rchar=600 * 2**20) for i in range(30)]
+    for r in records:
+        r["job"]["roles"]["worker"]["cache_hit"] = 0.25
+    report, recs = report_of(tmp_path / "run", records)
+    assert report["pipeline"] is None and report["storage"] == []
+    page = render_html(report, recs, plotlyjs=STUB_JS)
+    data = page_data(page)
+    assert "pipeline" not in [c["id"] for c in data["charts"]]
+    assert 'id="pipeline-figures"' not in page and 'id="storage"' not in page
+    assert "cache-hit-note" not in page and "input pipeline" not in page
+    job = next(c for c in data["charts"] if c["id"] == "job")
+    assert [s["name"] for s in job["series"]][-1] == "cache hit (workers)"
+    assert job["unit2"] == "cache hit %"
+    assert job["series"][-1]["y"] == [25.0] * 30
+    procs = re.search(r"<caption>the job&#x27;s processes</caption>(.*?)</table>", page, re.S)
+    assert procs is not None and "not shown" not in procs.group(1)
+    assert '<td class="r">99%</td></tr>' in procs.group(1)  # the workers' cache hit
+
+
 def test_without_plotly_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "plotly.offline", None)
     with pytest.raises(IolensError, match=r"pip install 'iolens\[html\]'"):
@@ -387,6 +502,24 @@ def test_chromium_renders_a_downsampled_run(tmp_path: Path) -> None:
     assert "4 intervals each" in page and len(page_data(page)["charts"]) == 6
     dom, console, requests = open_in_chromium(run / "report.html", tmp_path)
     assert_rendered(dom, console, requests, page)
+
+
+def test_chromium_draws_the_stage_split_stacked(tmp_path: Path) -> None:
+    chromium()
+    run = write_run(tmp_path / "run", [pipe_rec(i, fetch_s=0.4 + 0.01 * i) for i in range(30)],
+                    FUSE_META)
+    out = iolens("report", str(run), "--format", "html")
+    assert out.returncode == 0, out.stderr
+    page = (run / "report.html").read_text(encoding="utf-8")
+    dom, console, requests = open_in_chromium(run / "report.html", tmp_path)
+    assert_rendered(dom, console, requests, page)
+    assert "data-pwned" not in dom
+    chart = dom[dom.index('id="chart-pipeline"'):]
+    assert chart.count('<g class="trace scatter') == 5
+    assert chart.count('class="js-fill"') >= 5  # areas, stacked
+    legend = re.findall(r'<text class="legendtext"[^>]*>(.*?)</text>', chart)
+    assert legend[:5] == ["fetch on CPU", "fetch blocked off CPU", "collate", "hand-over",
+                          "idle (waiting for indices)"]
 
 
 def test_chromium_check_sees_errors_and_fetches(tmp_path: Path) -> None:

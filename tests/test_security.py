@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from iolens.analysis.verdict import PRIMARY_CLASSES
 from iolens.recorder.rundir import RunDir, default_run_dir
 from iolens.sinks.base import SinkError
 from iolens.sinks.csvfile import CsvSink
@@ -794,8 +795,7 @@ def test_run_needs_no_root(nobody: list[str], nobody_dir: Path, record_property:
     rep = as_nobody(prefix, nobody_dir, "report", "run", "--format", "json")
     assert rep.returncode == 0, rep.stderr
     verdict = json.loads(rep.stdout)["verdict"]
-    assert verdict["class"] in ("compute-bound", "storage-bound", "cpu-bound-input",
-                                "loader-starved", "write-stall")
+    assert verdict["class"] in PRIMARY_CLASSES
     record_property("measured", f"uid {NOBODY}, CapEff 0: {len(recs)} records on {devs}, "
                                 f"job CPU max {max(c or 0 for c in cpu):.0f}%, "
                                 f"verdict {verdict['class']}")

@@ -92,3 +92,17 @@ STRAGGLER_RATIO = 2.0
 """... and twice it, is the straggler (the others' own wait is their noise floor)."""
 STRAGGLER_MIN_BATCHES = 20
 """Ranks with fewer timed batches than this are not compared."""
+
+# -- the input pipeline from inside (the workers' own stage timing) ---------------------
+FETCH_BLOCKED = 0.5
+"""A fetch that spends more than half its wall time off the CPU is waiting on something
+(the storage, the network, a lock, a sleep): more CPU does not speed it up."""
+FETCH_CPU = 0.5
+"""A fetch that spends half its time or more on the CPU is decode and augmentation:
+cheaper transforms or more cores help, faster storage does not."""
+WORKERS_IDLE = 0.5
+"""Workers idle half their time or more wait for the loop to ask: they keep up, and more
+of them cannot shorten the wait that is left (hand-over, epoch starts)."""
+READS_DATA_BYTES = 1024.0
+"""A fetch that reads under 1 KiB per sample through syscalls, in no file, reads no
+dataset: what it blocks on is not storage."""

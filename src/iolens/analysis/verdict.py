@@ -27,12 +27,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iolens.analysis import rules
+from iolens.analysis.pipeline import Pipeline, pipeline
 
 PRIMARY_CLASSES = ("compute-bound", "storage-bound", "cpu-bound-input", "loader-starved",
-                   "write-stall")
+                   "handover-bound", "write-stall")
 FINDING_CLASSES = ("noisy-neighbor", "warm-cache", "cold-start", "epoch-start-stall",
                    "straggler", "no-disk-stats")
 NO_STEPS = "no-steps"
+STEPS_ONLY = "steps-only"
+"""Steps marked with iolens.step() and no batch timed: the step rate is known, the data
+wait is not."""
 
 
 def severity(share: float) -> str:
@@ -118,6 +122,9 @@ class Verdict:
     """Run-level figures the verdict was drawn from (batches, step times ...)."""
     caveat: str | None = None
     """What the verdict could not see, in one sentence (no device statistics), or None."""
+    storage: list[dict[str, Any]] = field(default_factory=list)
+    """What serves the dataset: ``{"mount", "fstype", "device"}`` each (device None where
+    no block device does), from the folders the input pipeline opened files in."""
 
     def lines(self) -> list[str]:
         """The three lines printed at the end of ``iolens run``."""
@@ -135,6 +142,7 @@ class Verdict:
             "windows": [w.to_dict() for w in self.windows],
             "figures": self.figures,
             "caveat": self.caveat,
+            "storage": self.storage,
         }
 
 
@@ -143,6 +151,8 @@ def verdict_lines(v: dict[str, Any]) -> list[str]:
     and the caveat when there is one."""
     if v.get("class") == NO_STEPS:
         out = ["verdict: no timed training steps"]
+    elif v.get("class") == STEPS_ONLY:
+        out = ["verdict: steps marked, data wait not timed"]
     else:
         share = v.get("data_wait_share") or 0.0
         out = [f"verdict: {v.get('class')} (data wait {share * 100:.1f}% of step time, "
@@ -343,11 +353,14 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     figures = _figures(records, timed, meta)
     blind = _no_disk_stats(records, meta)
     findings = [blind] if blind is not None else []
+    storage = served_storage(meta)
     if batches == 0:
-        return _no_steps(records, meta, figures, findings)
+        v = _no_steps(records, meta, figures, findings)
+        v.storage = storage
+        return v
     share = _share(timed) or 0.0
     v = Verdict("compute-bound", severity(share), share, figures=figures,
-                caveat=blind.evidence[0] if blind is not None else None)
+                caveat=blind.evidence[0] if blind is not None else None, storage=storage)
     stall = _write_stall(records, timed, share)
     if stall is not None:
         v.cls, v.devices, v.evidence, v.recommendations, v.windows = stall
@@ -360,6 +373,19 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
                           "verdict")
     v.findings = findings + _findings(records, timed, v)
     return v
+
+
+def served_storage(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """What serves the dataset, from meta.json (NOTE [dataset folders] in
+    iolens/recorder/storage.py): ``{"mount", "fstype", "device", "kind"}`` each."""
+    out = []
+    for s in meta.get("storage") or []:
+        if isinstance(s, dict) and isinstance(s.get("mount"), str):
+            dev = s.get("device")
+            out.append({"mount": s["mount"], "fstype": str(s.get("fstype") or ""),
+                        "device": dev if isinstance(dev, str) else None,
+                        "kind": str(s.get("kind") or ("block" if dev else "other"))})
+    return out
 
 
 def _figures(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]],
@@ -391,11 +417,10 @@ def _no_steps(records: Sequence[dict[str, Any]], meta: dict[str, Any],
     for st in meta.get("timing") or []:
         if isinstance(st, dict) and st.get("error"):
             why.append(f"timing failed in process {st.get('pid')}: {st['error']}")
-    marks = sum(_num(_train(r).get("step") or {}, "count") for r in records
-                if _train(r).get("step_source") == "marks")
+    marked = [r for r in records if _train(r).get("step_source") == "marks"]
+    marks = sum(_num(_train(r).get("step") or {}, "count") for r in marked)
     if marks:
-        why.append(f"{int(marks)} steps were marked with iolens.step(), but no DataLoader "
-                   "batch was timed, so the data wait is unknown")
+        return _steps_only(marked, int(marks), figures, findings)
     if not records:
         why.append("no interval was recorded (the run ended at once, or its records are lost)")
     if not why:
@@ -404,9 +429,47 @@ def _no_steps(records: Sequence[dict[str, Any]], meta: dict[str, Any],
                    "batch; wrap other loaders with iolens.instrument(loader) or mark steps "
                    "with iolens.step()")
     v = Verdict(NO_STEPS, "unknown", None, evidence=why, figures=figures, findings=findings)
+    if meta.get("instrumented") is False:
+        action = "record again without --no-instrument"
+    elif meta.get("instrumented") is True:
+        # Recorded with the DataLoader patch on (under `iolens run` or monitor()): what
+        # is left is a loop that does not iterate a torch DataLoader in this process.
+        action = ("time the loop itself: iterate over `iolens.instrument(loader)` (any "
+                  "iterable of batches), or call iolens.step() once per step")
+    else:
+        action = ("time the loop: run the script under `iolens run`, or call "
+                  "iolens.instrument(loader)")
+    v.recommendations.append(Recommendation(action, why[0],
+                                            "a verdict with evidence instead of none"))
+    return v
+
+
+def _steps_only(marked: Sequence[dict[str, Any]], marks: int, figures: dict[str, Any],
+                findings: list[Finding]) -> Verdict:
+    """Steps marked with iolens.step() and no batch timed: the step figures, and how to get
+    the data wait too."""
+    step_s = sum(_sum(r, "step") for r in marked)
+    p50s = [_num(_train(r).get("step") or {}, "p50_s") for r in marked]
+    figures.update({"steps": marks, "step_source": "marks",
+                    "step_time_s": round(step_s / marks, 6) if marks else None,
+                    "step_p50_s": round(statistics.median(p50s), 6) if p50s else None,
+                    "steps_per_s": round(marks / step_s, 3) if step_s > 0 else None})
+    rate = figures["steps_per_s"]
+    evidence = [f"{marks} steps marked with iolens.step()"
+                + (f", {rate:.2f} steps/s" if rate else "")
+                + (f", median step {figures['step_p50_s'] * 1000:.1f} ms"
+                   if figures["step_p50_s"] else "")
+                + "; which part of each step waits for data is not timed"]
+    v = Verdict(STEPS_ONLY, "unknown", None, evidence=evidence, figures=figures,
+                findings=findings)
+    w = _window(marked, STEPS_ONLY)
+    if w:
+        v.windows.append(w)
     v.recommendations.append(Recommendation(
-        "time the loop: run the script under `iolens run`, or call iolens.instrument(loader)",
-        why[0], "a verdict with evidence instead of none"))
+        "time the data too: iterate over `iolens.instrument(loader)` (any iterable of "
+        "batches), so that each batch's wait is timed beside the steps",
+        "the steps are marked, but not when the loop waits for its data",
+        "the share of each step spent waiting for data, and a verdict on it"))
     return v
 
 
@@ -462,6 +525,10 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
     # Without device figures nothing says the storage is idle: say it was not measured.
     measured = bool(_device_names(win))
     storage = "the storage not saturated" if measured else "the storage not measured"
+    pipe = pipeline(win)
+    idle_workers = pipe is not None and (pipe.worker_idle_share or 0.0) >= rules.WORKERS_IDLE
+    blocked = pipe is not None and (pipe.fetch_blocked_share or 0.0) >= rules.FETCH_BLOCKED
+    on_cpu = pipe is not None and (pipe.fetch_cpu_share or 0.0) >= rules.FETCH_CPU
     if best is not None:
         load, own = best
         v.cls, v.devices = "storage-bound", [load.name]
@@ -470,6 +537,8 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
             f"{load.aqu_sz:.1f}, {load.rMB_s:.1f} MB/s in {load.r_s:.0f} reads/s of "
             f"{load.rareq_kib:.0f} KiB, {own * 100:.0f}% of its reads by this job{when}")
         v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
+        if pipe is not None:
+            v.evidence.append(fetch_text(pipe))
         if load.rareq_kib < rules.SMALL_READ_KIB:
             v.recommendations.append(Recommendation(
                 "pack the dataset into large files read sequentially (LMDB, HDF5, tar "
@@ -491,7 +560,11 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
             "more DataLoader workers or a larger prefetch_factor only help while the device "
             "has idle time; it has little",
             f"{load.name} is {load.util:.0f}% busy", "little until the device is relieved"))
-    elif d_share >= rules.D_STATE_SHARE and job_read > 0:
+    elif (pipe is not None and blocked and not idle_workers
+          and _waits_on_storage(pipe, win, v.storage, d_share)):
+        _storage_from_inside(v, pipe, win, share=share, when=when, ceiling=ceiling,
+                             workers=workers)
+    elif pipe is None and d_share >= rules.D_STATE_SHARE and job_read > 0:
         v.cls = "storage-bound"
         v.devices = _busiest_read(win)
         v.evidence.append(
@@ -503,9 +576,12 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         v.recommendations.append(Recommendation(
             "lift the I/O limit (cgroup io.max / blkio throttle) or copy the dataset to "
             "local storage or RAM first", "reads wait above the block device", ceiling))
-    elif workers and (worker_cpu >= rules.WORKER_CPU_BUSY or (
-            worker_cpu >= rules.WORKER_CPU_SOME and idle is not None
-            and idle < rules.MACHINE_IDLE_LOW)):
+    elif pipe is not None and idle_workers:
+        _handover_bound(v, pipe, win, share=share, when=when, workers=workers)
+    elif (pipe is not None and on_cpu) or (pipe is None and workers and (
+            worker_cpu >= rules.WORKER_CPU_BUSY or (
+                worker_cpu >= rules.WORKER_CPU_SOME and idle is not None
+                and idle < rules.MACHINE_IDLE_LOW))):
         v.cls = "cpu-bound-input"
         free = cpus * (idle or 0.0) / 100 if cpus else 0.0
         if workers:
@@ -517,6 +593,8 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data; "
                           + ("the storage is not saturated" if measured
                              else "the storage was not measured"))
+        if pipe is not None:
+            v.evidence.append(fetch_text(pipe))
         if free >= 1:
             more = int(free)
             v.recommendations.append(Recommendation(
@@ -542,6 +620,13 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
             v.evidence.append("no DataLoader worker process: the data is loaded in the "
                               f"training process itself (num_workers=0){when}")
         v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
+        if pipe is not None:
+            v.evidence.append(fetch_text(pipe) + (
+                "; it reads no dataset file while it waits (a sleep, a remote call, a lock)"
+                if blocked and not reads_dataset(pipe) else
+                "; the storage it reads answers fast and the workers are seldom blocked on "
+                "I/O: they wait on something else (a sleep, a remote call, a lock)"
+                if blocked else ""))
         target = _more_workers(workers, worker_cpu, cpus, idle)
         if target > workers:
             v.recommendations.append(Recommendation(
@@ -551,9 +636,11 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
                  "the workers' CPU is not saturated (the device was not measured)")
                 if workers else
                 "loading in the main process stops the loop for every batch", ceiling))
-        v.recommendations.append(Recommendation(
-            "raise prefetch_factor (batches each worker keeps ready, default 2) and set "
-            "persistent_workers=True", "the workers fall behind in bursts", ceiling))
+        bursts = _bursty(win)
+        if workers and bursts:
+            v.recommendations.append(Recommendation(
+                "raise prefetch_factor (batches each worker keeps ready, default 2) and set "
+                "persistent_workers=True", bursts, ceiling))
         if any(r.get("gpu") for r in timed):
             v.recommendations.append(Recommendation(
                 "use pin_memory=True in the DataLoader and .to(device, non_blocking=True)",
@@ -562,6 +649,161 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
     if window is not None:
         window.label = v.cls
         v.windows.append(window)
+
+
+def reads_dataset(pipe: Pipeline) -> bool:
+    """Whether the fetch reads files or bytes enough to be reading a dataset."""
+    return bool(pipe.files) or (pipe.bytes_per_sample or 0.0) >= rules.READS_DATA_BYTES
+
+
+def _waits_on_storage(pipe: Pipeline, win: Sequence[dict[str, Any]],
+                      storage: list[dict[str, Any]], d_share: float) -> bool:
+    """Whether a fetch that blocks off CPU blocks on the dataset's storage.
+
+    It must read the dataset. On FUSE or NFS that is enough: those reads are what
+    blocks. On a block device, the device must be slow (r_await) or the job's
+    processes blocked on I/O (state D) in most samples, as under a throttle above
+    the device; a fetch that sleeps or waits on a lock or a remote call sits in
+    state S beside a fast device.
+    """
+    if not reads_dataset(pipe):
+        return False
+    if any(s.get("kind") in ("fuse", "nfs") for s in storage):
+        return True
+    if d_share >= rules.D_STATE_SHARE:
+        return True
+    return any(device_load(win, str(s["device"])).r_await >= rules.AWAIT_SLOW_MS
+               for s in storage if s.get("device"))
+
+
+def fetch_text(pipe: Pipeline) -> str:
+    """The workers' fetch in one phrase: per-sample time, its CPU and blocked parts, reads."""
+    who = ("the training process (num_workers=0)" if pipe.in_process
+           else "the DataLoader workers")
+    per = (pipe.fetch_s_per_sample or 0.0) * 1000
+    out = (f"{who} took {per:.2f} ms to fetch a sample, "
+           f"{(pipe.fetch_cpu_share or 0.0) * 100:.0f}% of it on CPU and "
+           f"{(pipe.fetch_blocked_share or 0.0) * 100:.0f}% blocked off CPU")
+    if pipe.samples:
+        out += (f", reading {(pipe.bytes_per_sample or 0.0) / 1024:.1f} KiB in "
+                f"{pipe.files_per_sample or 0.0:.2f} files per sample")
+    idle = pipe.worker_idle_share
+    if idle is not None:
+        out += f"; the workers idle {idle * 100:.0f}% of their time"
+    return out
+
+
+def _bursty(recs: Sequence[dict[str, Any]]) -> str | None:
+    """Why deeper prefetch would help, when the waits come in bursts (the p95 wait well
+    above the median); None when they do not."""
+    p50s = [_num(_train(r).get("data_wait") or {}, "p50_s") for r in recs]
+    p95s = [_num(_train(r).get("data_wait") or {}, "p95_s") for r in recs]
+    if not p50s:
+        return None
+    p50, p95 = statistics.median(p50s), statistics.median(p95s)
+    if p95 <= 2 * p50 or p95 <= 0:
+        return None
+    return (f"the workers fall behind in bursts: the p95 wait {p95 * 1000:.1f} ms against a "
+            f"median {p50 * 1000:.1f} ms")
+
+
+def _storage_from_inside(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *,
+                         share: float, when: str, ceiling: str, workers: int) -> None:
+    """storage-bound from the workers' own timing: the fetch blocks off CPU while reading
+    the dataset, whatever serves it (a FUSE or NFS mount, a throttled device)."""
+    v.cls = "storage-bound"
+    served = v.storage
+    remote = [s for s in served if s.get("kind") in ("fuse", "nfs")]
+    where = remote[0] if remote else (served[0] if served else None)
+    if where is not None and where.get("device"):
+        v.devices = [str(where["device"])]
+        load = device_load(win, str(where["device"]))
+        what = (f"{where['mount']} ({where['fstype']} on {where['device']}: "
+                f"{load.util:.0f}% util, r_await {load.r_await:.1f} ms, "
+                f"{load.rMB_s:.1f} MB/s)")
+    elif where is not None:
+        what = f"{where['mount']} ({where['fstype']}, no block device)"
+    else:
+        what = "storage iolens could not map"
+    v.evidence.append(f"the fetch blocks off CPU while it reads the dataset from {what}{when}")
+    v.evidence.append(fetch_text(pipe))
+    waiting = _fuse_waiting(win, where["mount"]) if where is not None else None
+    if waiting is not None:
+        v.evidence.append(f"{waiting:.1f} requests waiting on the FUSE connection on average")
+    v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
+    kind = where.get("kind") if where is not None else None
+    if kind in ("fuse", "nfs"):
+        more = max(2 * workers, workers + 2) if workers else 4
+        v.recommendations.append(Recommendation(
+            f"if the store answers each request slowly rather than limiting how many it "
+            f"serves, keep more requests in flight: raise num_workers from {workers} to "
+            f"{more}", "each worker waits on the store's latency one sample at a time",
+            ceiling))
+        v.recommendations.append(Recommendation(
+            "cache the dataset near the job: the mount's own cache (rclone --vfs-cache-mode "
+            "full, mountpoint-s3 --cache DIR, gcsfuse's file cache, s3fs -o use_cache=DIR), "
+            "or copy it to local NVMe or /dev/shm before training",
+            f"every epoch reads it again through {where['fstype'] if where else 'the mount'}",
+            ceiling))
+        if (pipe.files_per_sample or 0.0) >= 0.5:
+            v.recommendations.append(Recommendation(
+                "store fewer, larger objects: tar shards (WebDataset) read sequentially, one "
+                "request per shard instead of one per sample",
+                f"each sample costs {pipe.files_per_sample or 0.0:.1f} file opens on the "
+                f"store, {(pipe.bytes_per_sample or 0.0) / 1024:.0f} KiB each", ceiling))
+    else:
+        v.recommendations.append(Recommendation(
+            "lift the I/O limit (cgroup io.max / blkio throttle), or copy the dataset to "
+            "faster local storage or RAM first",
+            "the reads wait though the device is not saturated: the limit is above it",
+            ceiling))
+
+
+def _fuse_waiting(win: Sequence[dict[str, Any]], mount: str) -> float | None:
+    vals = [(_num(d, "waiting"), _secs(r)) for r in win
+            if isinstance(d := (r.get("storage") or {}).get(mount), dict)
+            and d.get("waiting") is not None]
+    secs = sum(s for _, s in vals)
+    return sum(v * s for v, s in vals) / secs if secs else None
+
+
+def _handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *,
+                    share: float, when: str, workers: int) -> None:
+    """The workers keep up: the wait left is the hand-over of each batch or the epochs'
+    starts, which more workers do not shorten."""
+    v.cls = "handover-bound"
+    batches = sum(_num(_train(r), "batches") for r in win)
+    wait = sum(_sum(r, "data_wait") for r in win)
+    hand = pipe.handover_s_per_batch
+    starts = [_train(r).get("epoch_start_wait") for r in win]
+    start_s = sum(_num(x, "sum_s") for x in starts if isinstance(x, dict))
+    v.evidence.append(f"{workers} DataLoader workers idle {(pipe.worker_idle_share or 0) * 100:.0f}"
+                      f"% of their time: they have the batches ready before the loop asks"
+                      f"{when}")
+    parts = []
+    if hand is not None and batches and wait > 0:
+        parts.append(f"the hand-over of each batch (queue, unpickling, pin_memory) "
+                     f"{hand * 1000:.2f} ms, {min(1.0, hand * batches / wait) * 100:.0f}% of "
+                     f"the wait")
+    if start_s > 0 and wait > 0:
+        parts.append(f"the epochs' first batches {start_s / wait * 100:.0f}% of it")
+    v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data"
+                      + (": " + "; ".join(parts) if parts else ""))
+    v.evidence.append(fetch_text(pipe))
+    v.recommendations.append(Recommendation(
+        "do not add DataLoader workers: those there wait for work already",
+        f"the workers are idle {(pipe.worker_idle_share or 0) * 100:.0f}% of their time",
+        "none from more workers"))
+    if start_s > 0 and wait > 0 and start_s / wait >= 0.25:
+        v.recommendations.append(Recommendation(
+            "set persistent_workers=True, so that each epoch does not start its workers anew",
+            "the epochs' first batches wait for new workers", "the epoch starts' wait"))
+    v.recommendations.append(Recommendation(
+        "make each batch cheaper to hand over: return tensors (moved through shared memory) "
+        "rather than Python lists or NumPy arrays (pickled whole), and keep the batch "
+        "small in bytes (decode on the GPU, or uint8 rather than float32)",
+        "the wait left is the batch's way from the worker to the loop",
+        "the hand-over's share of the wait"))
 
 
 def _tune() -> Recommendation:
@@ -805,6 +1047,10 @@ def _noisy_neighbors(timed: Sequence[dict[str, Any]]) -> list[Finding]:
 
 
 def _warm_cache(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
+    if any(s.get("kind") in ("fuse", "nfs", "tmpfs") for s in v.storage):
+        # Their reads never reach read_bytes: 1 - read_bytes/rchar would claim a cache
+        # hit for every byte (NOTE [dataset folders] in iolens/recorder/storage.py).
+        return []
     role = "worker" if any(((r.get("job") or {}).get("roles") or {}).get("worker")
                            for r in timed) else "main"
     rchar = disk = secs = 0.0

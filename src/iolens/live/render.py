@@ -165,6 +165,10 @@ def header_text(history: History, header: Header, *, plain: bool = False,
     if history.batches:
         t.append("\n")
         t.append_text(verdict_text(history, width=width))
+    pipe = pipeline_text(latest, width=width) if latest is not None else None
+    if pipe is not None:
+        t.append("\n")
+        t.append_text(pipe)
     if header.run_dir:
         t.append(f"\nrecording to {printable(header.run_dir)}", style="dim")
     for note in header.notes[-3:]:
@@ -192,6 +196,45 @@ def verdict_text(history: History, *, width: int = 120) -> Text:
 
 
 _SEVERITY_STYLE = {"high": "bold red", "moderate": "bold yellow", "none": "bold green"}
+
+
+def pipeline_text(record: Record, *, width: int = 120) -> Text | None:
+    """The input pipeline of ``record``'s interval, timed inside the workers, in one line:
+    the fetch per sample and its CPU and blocked shares, the collate and hand-over per
+    batch, the workers' idle share, and the requests waiting on each FUSE mount that
+    serves the dataset. None when the interval has none of these."""
+    p = _mapping(_mapping(record.get("train")).get("pipeline"))
+    parts: list[str] = []
+    batches, samples = _num(p.get("batches")), _num(p.get("samples"))
+    fetch, cpu = _num(p.get("fetch_s")), _num(p.get("fetch_cpu_s"))
+    if batches and batches > 0:
+        if fetch is not None and samples and samples > 0:
+            text = f"fetch {fetch / samples * 1000:.1f} ms/sample"
+            if cpu is not None and fetch > 0:
+                share = min(1.0, max(0.0, cpu / fetch))
+                text += f" ({share * 100:.0f}% CPU, {(1 - share) * 100:.0f}% blocked)"
+            parts.append(text)
+        collate = _num(p.get("collate_s"))
+        if collate is not None:
+            parts.append(f"collate {collate / batches * 1000:.1f} ms")
+    hand = _mapping(p.get("handover"))
+    count, hand_s = _num(hand.get("count")), _num(hand.get("sum_s"))
+    if count and count > 0 and hand_s is not None:
+        parts.append(f"hand-over {hand_s / count * 1000:.1f} ms/batch")
+    idle = _num(p.get("idle_s"))
+    if batches and batches > 0 and p.get("in_process") is not True and idle is not None:
+        busy = (fetch or 0.0) + (_num(p.get("collate_s")) or 0.0) + idle
+        if busy > 0:
+            parts.append(f"workers idle {idle / busy * 100:.0f}%")
+    elif p.get("in_process") is True and parts:
+        parts.append("in the training process (num_workers=0)")
+    for mount, fig in _mapping(record.get("storage")).items():
+        waiting = _num(_mapping(fig).get("waiting"))
+        if waiting is not None:
+            parts.append(f"FUSE {printable(str(mount))}: {waiting:.0f} requests waiting")
+    if not parts:
+        return None
+    return Text(_shorten("pipeline: " + ", ".join(parts), max(20, width)))
 
 
 def devices_table(history: History, watch: Mapping[str, str], *, width: int = 120,
@@ -294,7 +337,12 @@ def job_panel(history: History, header: Header, *, plain: bool = False) -> Panel
         hit, source = _num(worker.get("cache_hit")), "workers"
     else:
         hit, source = _num(job.get("cache_hit")), "job"
-    grid.add_row("cache hit", dash if hit is None else f"{hit * 100:.1f}% ({source})")
+    if _mapping(latest.get("storage")):
+        # The dataset is on FUSE or NFS: its reads never count in read_bytes, so
+        # 1 - read_bytes/rchar would claim a cache hit it cannot see.
+        grid.add_row("cache hit", Text(f"{dash} (not seen on FUSE/NFS)", style="dim"))
+    else:
+        grid.add_row("cache hit", dash if hit is None else f"{hit * 100:.1f}% ({source})")
     cpu_parts = []
     for role in ("main", "worker", "other"):
         r = _mapping(roles.get(role))

@@ -12,6 +12,12 @@ Its layout is stable (``REPORT_SCHEMA``) and documented in the README:
 - ``processes``: per role (main, worker, other) CPU, I/O and cache hits
 - ``gpus``: per GPU utilization and memory
 - ``cpu``: the machine's mean CPU shares
+- ``pipeline``: the input pipeline's stages from inside the workers (per-sample fetch
+  time and its on-CPU and blocked shares, collate and hand-over per batch, the workers'
+  idle share, bytes and files per sample) and ``stages``, their split per interval; None
+  when no worker stage was timed
+- ``storage``: what serves the dataset (mount, fstype, device or None, kind, the folders
+  read), from the files the input pipeline opened
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from iolens.analysis.pipeline import pipeline, stage_series
 from iolens.analysis.rundata import RunData
 from iolens.analysis.verdict import device_load, diagnose, rank_figures
 from iolens.training import records as trecords
@@ -47,10 +54,31 @@ def build_report(run: RunData) -> dict[str, Any]:
         "findings": [f.to_dict() for f in verdict.findings],
         "training": training,
         "devices": _devices(recs, meta),
-        "processes": _processes(recs),
+        "processes": _processes(recs, meta),
         "gpus": _gpus(recs, meta),
         "cpu": _cpu(recs),
+        "pipeline": _pipeline(recs),
+        "storage": [s for s in meta.get("storage") or [] if isinstance(s, dict)],
     }
+
+
+def _pipeline(recs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    pipe = pipeline(recs)
+    if pipe is None:
+        return None
+    return {**pipe.to_dict(), "stages": [{k: round(v, 7) for k, v in row.items()}
+                                         for row in stage_series(recs)]}
+
+
+def cache_blind(meta: dict[str, Any]) -> str | None:
+    """Why the page-cache hit (``1 - read_bytes/rchar``) does not hold for this run's
+    dataset, or None when it does: reads of FUSE, NFS or tmpfs never reach read_bytes."""
+    for s in meta.get("storage") or []:
+        if isinstance(s, dict) and s.get("page_cache_visible") is False:
+            return (f"the dataset is on {s.get('mount')} ({s.get('fstype')}), whose reads never "
+                    "count in read_bytes: the page-cache hit 1 - read_bytes/rchar does not hold "
+                    "there")
+    return None
 
 
 def _run_info(run: RunData) -> dict[str, Any]:
@@ -203,7 +231,7 @@ def _devices(recs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, 
     return out
 
 
-def _processes(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _processes(recs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
     acc: dict[str, dict[str, float]] = {}
     for r in recs:
         secs = float(r.get("interval_s") or 0)
@@ -219,6 +247,7 @@ def _processes(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             a["wr"] += float(d.get("write_bytes_s") or 0) * secs
             a["rchar"] += float(d.get("rchar_s") or 0) * secs
     out: dict[str, Any] = {}
+    blind = cache_blind(meta)
     for role, a in acc.items():
         s = a["secs"] or 1.0
         out[role] = {
@@ -226,8 +255,12 @@ def _processes(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "cpu_pct": _r(a["cpu"] / s, 2),
             "read_MBps": _r(a["rd"] / s / 2**20), "write_MBps": _r(a["wr"] / s / 2**20),
             "read_bytes": int(a["rd"]), "write_bytes": int(a["wr"]),
-            "cache_hit": _r(max(0.0, 1 - a["rd"] / a["rchar"]), 4) if a["rchar"] else None,
+            "cache_hit": (_r(max(0.0, 1 - a["rd"] / a["rchar"]), 4)
+                          if a["rchar"] and blind is None else None),
+            "read_rchar_MBps": _r(a["rchar"] / s / 2**20),
         }
+        if blind is not None:
+            out[role]["cache_hit_note"] = blind
     return out
 
 

@@ -195,6 +195,8 @@ class _Series:
     band: bool = True
     dash: str | None = None
     hidden: bool = False
+    color: str | None = None
+    """A fixed colour (``#rrggbb``) instead of the palette's next one."""
 
 
 @dataclass
@@ -213,6 +215,8 @@ class _Chart:
     unit: str
     unit2: str | None = None
     range2: tuple[float, float] | None = None
+    stack: bool = False
+    """The series are drawn as stacked areas (parts of one whole), not as lines."""
 
 
 def _names(records: Iterable[dict[str, Any]]) -> tuple[list[str], list[str], list[int], bool]:
@@ -282,7 +286,40 @@ def _machine_busy(cpu: dict[str, Any]) -> float | None:
     return max(0.0, 100.0 - idle - (_num(cpu.get("iowait")) or 0.0))
 
 
-def _plan(records: Sequence[dict[str, Any]], gpu_names: dict[int, str]
+_STAGES = (("fetch on CPU", "fetch_cpu_s", "#ff7f0e"),
+           ("fetch blocked off CPU", "fetch_blocked_s", "#d62728"),
+           ("collate", "collate_s", "#2ca02c"), ("hand-over", "handover_s", "#9467bd"),
+           ("idle (waiting for indices)", "idle_s", "#bbbbbb"))
+"""The input pipeline's stages as the stage chart stacks them: label, key of a row of
+``report["pipeline"]["stages"]``, colour (the text report's stage chart, in its order)."""
+
+
+def _at(elapsed: Any) -> float | None:
+    """The key that ties a stage row to its record: the elapsed time, rounded."""
+    v = _num(elapsed)
+    return None if v is None else round(v, 6)
+
+
+def stage_rows(report: dict[str, Any]) -> dict[float, dict[str, Any]]:
+    """``report["pipeline"]["stages"]`` by elapsed time (empty when the run has none)."""
+    out: dict[float, dict[str, Any]] = {}
+    for row in _d(report.get("pipeline")).get("stages") or []:
+        at = _at(_d(row).get("elapsed_s"))
+        if at is not None:
+            out[at] = _d(row)
+    return out
+
+
+def _stage_part(stages: dict[float, dict[str, Any]]
+                ) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def part(rec: dict[str, Any]) -> dict[str, Any]:
+        at = _at(rec.get("elapsed_s"))
+        return stages.get(at, {}) if at is not None else {}
+    return part
+
+
+def _plan(records: Sequence[dict[str, Any]], gpu_names: dict[int, str],
+          stages: dict[float, dict[str, Any]] | None = None, cache_hit: bool = True
           ) -> tuple[list[_Chart], list[_Group]]:
     devs, roles, gpus, steps = _names(records)
     charts: list[_Chart] = []
@@ -300,7 +337,20 @@ def _plan(records: Sequence[dict[str, Any]], gpu_names: dict[int, str]
                 _Series(f"{name} r_await", "ms", _leaf("r_await")),
                 _Series(f"{name} w_await", "ms", _leaf("w_await"), dash="dot")]))
             groups.append(_Group("util", part, [_Series(name, "%", _leaf("util"))]))
-    if roles:
+    if roles and not cache_hit:
+        # The dataset is on FUSE or NFS (or tmpfs): its reads never reach read_bytes, so
+        # 1 - read_bytes/rchar is no page-cache hit there; its reads show as rchar.
+        charts.append(_Chart("job", "The job's I/O: storage reads and writes, reads through "
+                             "syscalls (rchar)", "MB/s"))
+        groups.append(_Group("job", lambda rec: _d(rec.get("job")), [
+            _Series("job read", "MB/s", _leaf("read_bytes_s", 1 / 2**20)),
+            _Series("job write", "MB/s", _leaf("write_bytes_s", 1 / 2**20), dash="dot")]))
+        reader = "worker" if "worker" in roles else None
+        groups.append(_Group("job", _role_part(reader) if reader else
+                             lambda rec: _d(rec.get("job")), [
+            _Series(f"read() ({reader}s, rchar)" if reader else "read() (job, rchar)", "MB/s",
+                    _leaf("rchar_s", 1 / 2**20), dash="dash")]))
+    elif roles:
         hit_role = "worker" if "worker" in roles else None
         charts.append(_Chart("job", "The job's I/O: storage reads and writes, page-cache hits",
                              "MB/s", "cache hit %", (0.0, 105.0)))
@@ -315,6 +365,7 @@ def _plan(records: Sequence[dict[str, Any]], gpu_names: dict[int, str]
             groups.append(_Group("job", _role_part(hit_role), [
                 _Series(f"cache hit ({hit_role}s)", "%", _pct("cache_hit"), axis="y2",
                         dash="dash")]))
+    if roles:
         charts.append(_Chart("cpu", "CPU of the job's processes (% of one core) and the machine",
                              "% of a core", "machine busy %", (0.0, 105.0)))
         for role in roles:
@@ -338,6 +389,12 @@ def _plan(records: Sequence[dict[str, Any]], gpu_names: dict[int, str]
             _Series("step max", "ms", _ms("step", "max_s"), agg="max", band=False, dash="dot"),
             _Series("data wait max", "ms", _ms("data_wait", "max_s"), agg="max", band=False,
                     dash="dot")]))
+    if stages:
+        charts.append(_Chart("pipeline", "Input pipeline: stage split per batch over time "
+                             "(means per batch, stacked)", "ms per batch", stack=True))
+        groups.append(_Group("pipeline", _stage_part(stages), [
+            _Series(label, "ms", _leaf_only(key, 1000.0), band=False, color=color)
+            for label, key, color in _STAGES]))
     return charts, groups
 
 
@@ -349,11 +406,17 @@ def _round(v: float | None) -> float | None:
 
 
 def chart_data(records: Sequence[dict[str, Any]], gpu_names: dict[int, str] | None = None,
-               max_points: int = MAX_POINTS) -> dict[str, Any]:
-    """The charts' series (downsampled), their shared time axis and its full range."""
+               max_points: int = MAX_POINTS, *,
+               stages: dict[float, dict[str, Any]] | None = None,
+               cache_hit: bool = True) -> dict[str, Any]:
+    """The charts' series (downsampled), their shared time axis and its full range.
+
+    ``stages``: the input pipeline's stage split per interval (:func:`stage_rows` of the
+    report), drawn stacked on the same time axis; ``cache_hit`` False leaves the page-cache
+    hit out (the dataset's storage never counts in read_bytes)."""
     recs = [r for r in records if _num(r.get("elapsed_s")) is not None]
     recs.sort(key=lambda r: float(r["elapsed_s"]))  # linear on the usual, ordered input
-    charts, groups = _plan(recs, gpu_names or {})
+    charts, groups = _plan(recs, gpu_names or {}, stages, cache_hit)
     width = sum(len(g.series) for g in groups)
     size = bucket_size(len(recs), max_points)
     b = Bucketer(width, size)
@@ -398,6 +461,8 @@ def chart_data(records: Sequence[dict[str, Any]], gpu_names: dict[int, str] | No
                 entry["dash"] = s.dash
             if s.hidden:
                 entry["hidden"] = True
+            if s.color:
+                entry["color"] = s.color
             if s.band and size > 1:
                 entry["lo"] = [_round(v) for v in ds.lo]
                 entry["hi"] = [_round(v) for v in ds.hi]
@@ -411,6 +476,8 @@ def chart_data(records: Sequence[dict[str, Any]], gpu_names: dict[int, str] | No
         if c.unit2 and any(s["axis"] == "y2" for s in by_chart[c.id]):
             spec["unit2"] = c.unit2
             spec["range2"] = list(c.range2) if c.range2 else None
+        if c.stack:
+            spec["stack"] = True
         out_charts.append(spec)
     return {"x": [round(t, 3) for t in (sampled[0].t if sampled else [])],
             "range": [round(lo, 3), round(hi, 3)], "per_bucket": size,
@@ -423,7 +490,8 @@ _WINDOW_COLORS = {
     "storage-bound": "#d62728", "cpu-bound-input": "#ff7f0e", "loader-starved": "#9467bd",
     "write-stall": "#8c564b", "compute-bound": "#2ca02c", "input-bound": "#d62728",
     "noisy-neighbor": "#7f7f7f", "warm-cache": "#1f77b4", "cold-start": "#17becf",
-    "epoch-start-stall": "#bcbd22", "straggler": "#e377c2",
+    "epoch-start-stall": "#bcbd22", "straggler": "#e377c2", "handover-bound": "#8c6d31",
+    "steps-only": "#555555",
 }
 
 
@@ -589,16 +657,24 @@ def _notes_section(report: dict[str, Any]) -> str:
 def _tables_section(report: dict[str, Any]) -> str:
     parts = ["<section><h2>Figures</h2>"]
     tr = _d(report.get("training"))
-    rows = []
-    for label, key in (("data wait", "data_wait"), ("step", "step")):
-        d = _d(tr.get(key))
-        rows.append((label, _ms_text(d.get("mean_s")), _ms_text(d.get("p50_s")),
-                     _ms_text(d.get("p95_s")), _ms_text(d.get("max_s"))))
-    parts.append(_table(
-        ("ms per batch", "mean", "p50", "p95", "max"), rows,
-        f"training: {tr.get('batches')} batches, {tr.get('epochs')} epochs, "
-        f"{_f(tr.get('steps_per_s'), '.2f')} steps/s; distributions from "
-        f"{tr.get('distribution_source')}"))
+    figures = _d(_d(report.get("verdict")).get("figures"))
+    if not tr.get("batches") and figures.get("steps"):
+        parts.append(f'<p>training: {_e(figures.get("steps"))} steps marked with iolens.step(), '
+                     f'{_e(_f(figures.get("steps_per_s"), ".2f"))} steps/s, median step '
+                     f'{_e(_ms_text(figures.get("step_p50_s")))} ms; no batch timed</p>')
+    else:
+        rows = []
+        for label, key in (("data wait", "data_wait"), ("step", "step")):
+            d = _d(tr.get(key))
+            rows.append((label, _ms_text(d.get("mean_s")), _ms_text(d.get("p50_s")),
+                         _ms_text(d.get("p95_s")), _ms_text(d.get("max_s"))))
+        parts.append(_table(
+            ("ms per batch", "mean", "p50", "p95", "max"), rows,
+            f"training: {tr.get('batches')} batches, {tr.get('epochs')} epochs, "
+            f"{_f(tr.get('steps_per_s'), '.2f')} steps/s; distributions from "
+            f"{tr.get('distribution_source')}"))
+    parts.append(_pipeline_table(report))
+    parts.append(_storage_table(report))
     devs = _d(report.get("devices"))
     if devs:
         parts.append(_table(
@@ -612,14 +688,21 @@ def _tables_section(report: dict[str, Any]) -> str:
             "devices (means over the run)"))
     procs = _d(report.get("processes"))
     if procs:
+        note = next((str(n) for n in (_d(x).get("cache_hit_note") for x in procs.values())
+                     if n), None)
         parts.append(_table(
-            ("role", "processes", "CPU %", "read MB/s", "write MB/s", "cache hit"),
+            ("role", "processes", "CPU %", "read MB/s", "write MB/s", "rchar MB/s",
+             "cache hit"),
             ((str(role), str(d.get("pids_max")), _f(d.get("cpu_pct")),
               _f(d.get("read_MBps"), ".2f"), _f(d.get("write_MBps"), ".2f"),
+              _f(d.get("read_rchar_MBps"), ".2f"),
               f"{float(d['cache_hit']) * 100:.0f}%" if _num(d.get("cache_hit")) is not None
-              else "-")
+              else "not shown" if d.get("cache_hit_note") else "-")
              for role, d in ((r, _d(x)) for r, x in procs.items())),
             "the job's processes"))
+        if note:
+            parts.append(f'<p class="dim note" id="cache-hit-note">cache hit not shown: '
+                         f"{_e(note)}</p>")
     g = _d(report.get("gpus"))
     gl = [x for x in g.get("gpus") or [] if isinstance(x, dict)]
     if gl:
@@ -639,6 +722,54 @@ def _tables_section(report: dict[str, Any]) -> str:
             f"{k} {_f(v)}%" for k, v in cpu.items() if v is not None)) + "</p>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _pct_text(v: Any) -> str:
+    return f"{float(v) * 100:.0f}%" if _num(v) is not None else "-"
+
+
+def _pipeline_table(report: dict[str, Any]) -> str:
+    """The input pipeline's figures, timed inside the workers; empty without them."""
+    p = report.get("pipeline")
+    if not isinstance(p, dict):
+        return ""
+    who = ("training process (num_workers=0)" if p.get("in_process") is True
+           else "DataLoader workers")
+    per_sample = _num(p.get("bytes_per_sample"))
+    rows = (("fetch per sample", f"{_ms_text(p.get('fetch_s_per_sample'))} ms"),
+            ("on CPU", _pct_text(p.get("fetch_cpu_share"))),
+            ("blocked off CPU (I/O, network, locks, sleeps)",
+             _pct_text(p.get("fetch_blocked_share"))),
+            ("collate per batch", f"{_ms_text(p.get('collate_s_per_batch'))} ms"),
+            ("hand-over per batch (queue, unpickling, pin_memory)",
+             f"{_ms_text(p.get('handover_s_per_batch'))} ms"),
+            ("workers idle (waiting for the loop to ask)", _pct_text(p.get("worker_idle_share"))),
+            ("read per sample (rchar)",
+             f"{per_sample / 1024:.1f} KiB" if per_sample is not None else "-"),
+            ("files opened per sample", _f(p.get("files_per_sample"), ".2f")))
+    return ('<div id="pipeline-figures">' + _table(
+        ("input pipeline", "value"), rows,
+        f"input pipeline, timed inside the {who}: {p.get('samples')} samples in "
+        f"{p.get('batches')} batches") + "</div>")
+
+
+def _storage_table(report: dict[str, Any]) -> str:
+    """What serves the dataset (report["storage"]); empty when nothing was mapped."""
+    served = [s for s in report.get("storage") or [] if isinstance(s, dict)]
+    if not served:
+        return ""
+    rows = []
+    for s in served:
+        listed = s.get("folders")
+        folders = [str(f) for f in listed] if isinstance(listed, list) else []
+        more = _num(s.get("more_folders"))
+        rows.append((str(s.get("mount")), str(s.get("fstype")), str(s.get("kind") or ""),
+                     str(s.get("device") or "none (no block device)"),
+                     ", ".join(folders) + (f" and {int(more)} more" if more else "")))
+    return ('<div id="storage">' + _table(
+        ("mount", "type", "kind", "device", "folders read"), rows,
+        "what serves the dataset (from the files the input pipeline opened)", left=5)
+        + "</div>")
 
 
 def _clock0(report: dict[str, Any], records: Sequence[dict[str, Any]]) -> float | None:
@@ -766,7 +897,8 @@ _JS = r"""
   function traces(c) {
     var x = data.x, out = [];
     c.series.forEach(function (s, si) {
-      var color = PALETTE[si % PALETTE.length], group = c.id + "-" + si, i;
+      var color = /^#[0-9a-f]{6}$/i.test(s.color || "") ? s.color : PALETTE[si % PALETTE.length];
+      var group = c.id + "-" + si, i;
       var visible = s.hidden ? "legendonly" : true;
       var axis = s.axis === "y2" ? "y2" : "y";
       if (s.lo && s.hi) {
@@ -789,6 +921,11 @@ _JS = r"""
       if (s.lo && s.hi) {
         tr.customdata = s.lo.map(function (v, k) { return [v, s.hi[k]]; });
         tr.hovertemplate = fmt(s.unit) + " (min %{customdata[0]:.4~g}, max %{customdata[1]:.4~g})";
+      }
+      if (c.stack) {
+        // Parts of one whole (a batch's time): areas stacked on one another.
+        tr.stackgroup = c.id; tr.fillcolor = rgba(color, 0.55);
+        tr.line = {color: color, width: 0.5};
       }
       out.push(tr);
     });
@@ -920,7 +1057,9 @@ def render_html(report: dict[str, Any], records: Sequence[dict[str, Any]], *,
     gpu_names = {int(x["index"]): str(x["name"])
                  for x in _d(report.get("gpus")).get("gpus") or []
                  if isinstance(x, dict) and isinstance(x.get("index"), int) and x.get("name")}
-    data = chart_data(records, gpu_names, max_points)
+    procs = _d(report.get("processes")).values()
+    data = chart_data(records, gpu_names, max_points, stages=stage_rows(report),
+                      cache_hit=not any(_d(p).get("cache_hit_note") for p in procs))
     wins = windows(report)
     data["shapes"] = shapes(wins)
     data["clock0"] = _clock0(report, records)

@@ -70,6 +70,11 @@ def _findings(report: dict[str, Any]) -> RenderableType | None:
 
 def _training(report: dict[str, Any]) -> RenderableType:
     tr = report["training"]
+    figures = (report.get("verdict") or {}).get("figures") or {}
+    if not tr.get("batches") and figures.get("steps"):
+        return Text(f"training: {figures['steps']} steps marked with iolens.step(), "
+                    f"{_f(figures.get('steps_per_s'), '.2f')} steps/s, median step "
+                    f"{_ms(figures.get('step_p50_s'))} ms; no batch timed")
     t = Table(title=f"training: {tr.get('batches')} batches, {tr.get('epochs')} epochs, "
                     f"{_f(tr.get('steps_per_s'), '.2f')} steps/s",
               title_justify="left")
@@ -105,14 +110,101 @@ def _processes(report: dict[str, Any]) -> RenderableType | None:
     if not procs:
         return None
     t = Table(title="the job's processes", title_justify="left")
-    for col in ("role", "processes", "CPU %", "read MB/s", "write MB/s", "cache hit"):
+    for col in ("role", "processes", "CPU %", "read MB/s", "write MB/s", "rchar MB/s",
+                "cache hit"):
         t.add_column(col, justify="left" if col == "role" else "right")
+    note = None
     for role, d in procs.items():
         hit = d.get("cache_hit")
+        note = note or d.get("cache_hit_note")
         t.add_row(Text(role), str(d.get("pids_max")), _f(d.get("cpu_pct")),
                   _f(d.get("read_MBps"), ".2f"), _f(d.get("write_MBps"), ".2f"),
+                  _f(d.get("read_rchar_MBps"), ".2f"),
                   f"{hit * 100:.0f}%" if isinstance(hit, (int, float)) else "-")
+    if note:
+        t.caption = Text(f"cache hit not shown: {note}")
     return t
+
+
+_STAGES = (("fetch on CPU", "fetch_cpu_s", "#"), ("fetch blocked", "fetch_blocked_s", "="),
+           ("collate", "collate_s", "c"), ("hand-over", "handover_s", "h"),
+           ("idle", "idle_s", "."))
+_STAGE_ROWS = 12
+_BAR = 40
+
+
+def _pipeline(report: dict[str, Any]) -> RenderableType | None:
+    """The input pipeline from inside the workers, and its stage split over time."""
+    p = report.get("pipeline")
+    if not isinstance(p, dict):
+        return None
+    who = "training process (num_workers=0)" if p.get("in_process") else "DataLoader workers"
+    t = Table(title=f"input pipeline, timed inside the {who}: {p.get('samples')} samples in "
+                    f"{p.get('batches')} batches", title_justify="left")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    rows = (("fetch per sample", _ms(p.get("fetch_s_per_sample")) + " ms"),
+            ("  on CPU", _pct(p.get("fetch_cpu_share"))),
+            ("  blocked off CPU (I/O, network, locks, sleeps)", _pct(p.get("fetch_blocked_share"))),
+            ("collate per batch", _ms(p.get("collate_s_per_batch")) + " ms"),
+            ("hand-over per batch (queue, unpickling, pin_memory)",
+             _ms(p.get("handover_s_per_batch")) + " ms"),
+            ("workers idle (waiting for the loop to ask)", _pct(p.get("worker_idle_share"))),
+            ("read per sample (rchar)", _kib(p.get("bytes_per_sample"))),
+            ("files opened per sample", _f(p.get("files_per_sample"), ".2f")))
+    for label, value in rows:
+        t.add_row(label, value)
+    stages = [x for x in p.get("stages") or [] if isinstance(x, dict)]
+    if not stages:
+        return t
+    # The stage split over time: one bar per stretch of the run, ms per batch.
+    step = max(1, -(-len(stages) // _STAGE_ROWS))
+    chunks = [stages[i:i + step] for i in range(0, len(stages), step)]
+    means = [{k: sum(float(x.get(k) or 0) for x in c) / len(c) for _, k, _ in _STAGES}
+             for c in chunks]
+    top = max((sum(m.values()) for m in means), default=0.0) or 1.0
+    chart = Table(title="stage split per batch over time ("
+                  + ", ".join(f"{ch} {name}" for name, _, ch in _STAGES) + ")",
+                  title_justify="left", show_header=True)
+    chart.add_column("at")
+    chart.add_column("ms per batch", justify="right")
+    chart.add_column("split")
+    for c, m in zip(chunks, means, strict=True):
+        total = sum(m.values())
+        bar = "".join(ch * round(m[k] / top * _BAR) for _, k, ch in _STAGES)
+        chart.add_row(_clock(float(c[0].get("elapsed_s") or 0)), f"{total * 1000:.1f}",
+                      Text(bar))
+    return Group(t, chart)
+
+
+def _storage(report: dict[str, Any]) -> RenderableType | None:
+    served = [s for s in report.get("storage") or [] if isinstance(s, dict)]
+    if not served:
+        return None
+    t = Table(title="what serves the dataset (from the files the input pipeline opened)",
+              title_justify="left")
+    for col in ("mount", "type", "device", "folders read"):
+        t.add_column(col)
+    for s in served:
+        folders = [str(f) for f in s.get("folders") or []]
+        more = int(s.get("more_folders") or 0)
+        t.add_row(Text(str(s.get("mount"))), Text(str(s.get("fstype"))),
+                  Text(str(s.get("device") or "none (no block device)")),
+                  Text(", ".join(folders) + (f" and {more} more" if more else "")))
+    return t
+
+
+def _pct(v: Any) -> str:
+    return f"{float(v) * 100:.0f}%" if isinstance(v, (int, float)) else "-"
+
+
+def _kib(v: Any) -> str:
+    return f"{float(v) / 1024:.1f} KiB" if isinstance(v, (int, float)) else "-"
+
+
+def _clock(seconds: float) -> str:
+    m, sec = divmod(max(0, round(seconds)), 60)
+    return f"{m:02d}:{sec:02d}"
 
 
 def _gpus(report: dict[str, Any]) -> RenderableType:
@@ -147,8 +239,8 @@ def render(report: dict[str, Any]) -> RenderableType:
         + (f", exit code {run['exit_code']}" if run.get("exit_code") is not None else "")))
     parts: list[RenderableType] = [Group(*lines), _verdict(report)]
     ranks = _ranks_table(report["training"].get("ranks") or [], "ranks (torchrun)")
-    for part in (_findings(report), _training(report), ranks, _devices(report),
-                 _processes(report), _gpus(report)):
+    for part in (_findings(report), _training(report), _pipeline(report), ranks,
+                 _storage(report), _devices(report), _processes(report), _gpus(report)):
         if part is not None:
             parts.append(part)
     cpu = report.get("cpu") or {}

@@ -6,9 +6,13 @@ Names follow node_exporter's diskstats under the ``iolens_`` prefix
 written for node_exporter carries over: %util is
 ``100 * rate(iolens_disk_io_time_seconds_total[1m])``. Every series carries
 ``host``, ``job`` and ``rank``; device series add ``device``, process-tree
-series ``role``, GPU series ``gpu``. The training series (histograms, steps,
-epochs) carry the rank of the process that timed them (its RANK variable,
-as torchrun sets it), every other series the job's own rank.
+series ``role``, GPU series ``gpu``, FUSE series ``mount``. The training
+series (histograms, steps, epochs) carry the rank of the process that timed
+them (its RANK variable, as torchrun sets it), every other series the job's
+own rank. The input
+pipeline's counters (``iolens_pipeline_*``) sum what the DataLoader workers
+timed per batch, so ``rate(iolens_pipeline_fetch_seconds_total[1m]) /
+rate(iolens_pipeline_samples_total[1m])`` is the fetch time per sample.
 
 prometheus-client is optional: this module imports it only where it is
 used, and :func:`require_client` says what to install when it is missing.
@@ -168,6 +172,28 @@ _GPU = (
 )
 
 
+_PIPELINE = (
+    ("iolens_pipeline_fetch_seconds", "Wall seconds the DataLoader workers (or the training "
+     "process, with num_workers=0) spent fetching samples: reading and decoding them.",
+     "fetch_s"),
+    ("iolens_pipeline_fetch_cpu_seconds", "The part of the fetch on the fetching thread's CPU "
+     "clock; the rest was blocked off CPU (I/O, network, FUSE, locks, sleeps).",
+     "fetch_cpu_s"),
+    ("iolens_pipeline_collate_seconds", "Seconds the workers spent collating samples into "
+     "batches.", "collate_s"),
+    ("iolens_pipeline_idle_seconds", "Seconds the workers waited for indices to fetch (the "
+     "loader ahead of the training loop).", "idle_s"),
+    ("iolens_pipeline_handover_seconds", "Seconds from a worker handing a batch over to the "
+     "training loop having it (queue, unpickling, pin_memory).", "handover_s"),
+    ("iolens_pipeline_handovers", "Batches whose hand-over to the training loop was timed.",
+     "handovers"),
+    ("iolens_pipeline_batches", "Batches whose fetch the workers timed.", "batches"),
+    ("iolens_pipeline_samples", "Samples the workers fetched in those batches.", "samples"),
+    ("iolens_pipeline_files_opened", "Files the workers opened while fetching.", "files"),
+)
+"""The input pipeline's counters (without _total): name, help, PipelineState field."""
+
+
 def _seconds(ms: int) -> float:
     return ms / 1000
 
@@ -221,8 +247,10 @@ class IolensCollector:
         yield from self._job(state)
         yield from self._machine(state)
         yield from self._gpus(state)
+        yield from self._storage(state)
         if state.training:
             yield from self._training(state)
+            yield from self._pipeline(state)
 
     def _disks(self, state: ExportState) -> Iterator[Metric]:
         from prometheus_client.core import (  # noqa: PLC0415 - optional dependency
@@ -317,6 +345,27 @@ class IolensCollector:
         for g in state.gpus:
             fam.add_metric((*base, str(g.get("index"))), len(g.get("job_pids") or ()))
         yield fam
+
+    def _storage(self, state: ExportState) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily  # noqa: PLC0415 - optional
+
+        if not state.fuse_waiting:
+            return
+        fam = GaugeMetricFamily("iolens_fuse_requests_waiting", "Requests waiting on the FUSE "
+                                "connection of a mount that serves the dataset "
+                                "(/sys/fs/fuse/connections/<N>/waiting).",
+                                labels=(*_BASE, "mount"))
+        for mount, waiting in state.fuse_waiting.items():
+            fam.add_metric((*self._base, mount), waiting)
+        yield fam
+
+    def _pipeline(self, state: ExportState) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily  # noqa: PLC0415 - optional
+
+        for name, doc, attr in _PIPELINE:
+            fam = CounterMetricFamily(name, doc, labels=_BASE)
+            fam.add_metric(self._base, getattr(state.pipeline, attr))
+            yield fam
 
     def _training(self, state: ExportState) -> Iterator[Metric]:
         from prometheus_client.core import (  # noqa: PLC0415 - optional dependency

@@ -20,6 +20,7 @@ counters never go down while the exporter lives.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 from array import array
@@ -112,6 +113,35 @@ class RankState:
 
 
 @dataclass(frozen=True, slots=True)
+class PipelineState:
+    """The input pipeline's stages as the DataLoader workers timed them, summed since the
+    recording began (NOTE [stage timing] in iolens/training/_hooks.py)."""
+
+    batches: int = 0
+    """Batches whose fetch was timed."""
+    samples: int = 0
+    fetch_s: float = 0.0
+    """Wall seconds fetching samples (reading and decoding them)."""
+    fetch_cpu_s: float = 0.0
+    """The part of ``fetch_s`` on the fetching thread's CPU clock."""
+    collate_s: float = 0.0
+    idle_s: float = 0.0
+    """Seconds the workers waited for indices (the loader ahead of the loop)."""
+    files: int = 0
+    """Files opened while fetching."""
+    handovers: int = 0
+    """Batches whose hand-over to the loop was timed."""
+    handover_s: float = 0.0
+    """Seconds from a worker handing a batch over to the loop having it."""
+
+
+_PIPELINE_SECONDS = ("fetch_s", "fetch_cpu_s", "collate_s", "idle_s")
+_PIPELINE_COUNTS = ("batches", "samples", "files")
+"""The keys of a record's ``train.pipeline`` summed into :class:`PipelineState`'s fields of
+the same names."""
+
+
+@dataclass(frozen=True, slots=True)
 class ExportState:
     """Everything a scrape reports, as of the latest sample. Never changed once published."""
 
@@ -135,6 +165,11 @@ class ExportState:
     """The records of about the last minute, oldest first, for the live verdict."""
     training: bool
     """True when a training loop's timing is followed (``iolens run``)."""
+    pipeline: PipelineState = field(default_factory=PipelineState)
+    """The input pipeline's stage totals (all zero until a worker's stages are timed)."""
+    fuse_waiting: Mapping[str, float] = field(default_factory=dict)
+    """FUSE mount that serves the dataset -> requests waiting on its connection, as of the
+    latest record; only mounts whose connection could be read."""
 
 
 @dataclass
@@ -194,6 +229,7 @@ class LiveTotals:
         keep = max(5, min(600, round(VERDICT_WINDOW_S / max(interval, 0.01))))
         self._recent: deque[dict[str, Any]] = deque(maxlen=keep)
         self._samples = 0
+        self._pipeline = PipelineState()
         self._lock = threading.Lock()
         self._latest: ExportState | None = None
 
@@ -236,6 +272,7 @@ class LiveTotals:
         if record is not None:
             self._samples += 1
             self._recent.append(record)
+            self._add_pipeline(record)
         devices: tuple[DiskCounters, ...] = ()
         if disk is not None:
             devices = tuple(disk.devices[d] for d in watch if d in disk.devices)
@@ -254,9 +291,30 @@ class LiveTotals:
                                key=lambda s: _rank_key(s.rank))),
             recent=tuple(self._recent),
             training=self.training,
+            pipeline=self._pipeline,
+            fuse_waiting=_fuse_waiting(rec),
         )
         with self._lock:
             self._latest = state
+
+    def _add_pipeline(self, record: dict[str, Any]) -> None:
+        """Add one record's ``train.pipeline`` sums to the totals. Only finite, positive
+        figures count: a counter must never go down, whatever a record holds."""
+        train = record.get("train")
+        p = train.get("pipeline") if isinstance(train, dict) else None
+        if not isinstance(p, dict):
+            return
+        cur = self._pipeline
+        add: dict[str, Any] = {}
+        for key in _PIPELINE_SECONDS:
+            add[key] = getattr(cur, key) + _amount(p.get(key))
+        for key in _PIPELINE_COUNTS:
+            add[key] = getattr(cur, key) + int(_amount(p.get(key)))
+        hand = p.get("handover")
+        hand = hand if isinstance(hand, dict) else {}
+        add["handovers"] = cur.handovers + int(_amount(hand.get("count")))
+        add["handover_s"] = cur.handover_s + _amount(hand.get("sum_s"))
+        self._pipeline = PipelineState(**add)
 
     # -- read by scrapes -----------------------------------------------------------------
 
@@ -264,6 +322,28 @@ class LiveTotals:
         """The state of the latest sample, or None before the first; safe from any thread."""
         with self._lock:
             return self._latest
+
+
+def _amount(value: Any) -> float:
+    """``value`` when it is a finite number above zero, else 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    f = float(value)
+    return f if math.isfinite(f) and f > 0 else 0.0
+
+
+def _fuse_waiting(record: dict[str, Any]) -> dict[str, float]:
+    """The FUSE requests waiting per mount in ``record``'s ``storage``."""
+    storage = record.get("storage")
+    out: dict[str, float] = {}
+    if not isinstance(storage, dict):
+        return out
+    for mount, fig in storage.items():
+        waiting = fig.get("waiting") if isinstance(fig, dict) else None
+        if (isinstance(waiting, int | float) and not isinstance(waiting, bool)
+                and math.isfinite(waiting)):
+            out[str(mount)] = float(waiting)
+    return out
 
 
 def job_rank(env: Mapping[str, str] | None = None) -> str:
