@@ -273,7 +273,9 @@ def test_json_object_has_the_documented_fields(tmp_path: Path) -> None:
     assert o["base"]["path"] == str(base) and o["new"]["intervals"] == 30
     assert o["base"]["batches"] == 300
     assert o["method"]["samples"] == C.INTERVALS and o["method"]["resamples"] == 2000
-    assert set(o["base"]["distributions"]) == {"source", "step", "data_wait", "steps_per_s"}
+    assert set(o["base"]["distributions"]) == {"source", "step", "data_wait", "steps_per_s",
+                                               "same_kind", "note"}
+    assert o["base"]["samples"] == C.INTERVALS and o["base"]["distributions"]["same_kind"]
     ids = [m["id"] for m in o["metrics"]]
     assert ids == ["throughput", "step-time", "data-wait", "data-wait-share",
                    "device:vda:util", "device:vda:r_await", "device:vda:read_MBps", "job-read"]
@@ -341,6 +343,114 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     assert iolens("compare", str(run), str(untimed)).returncode == 0  # nothing to gate
     gated = iolens("compare", str(run), str(untimed), "--fail-on", "step-time:5%")
     assert gated.returncode == 2 and "not measured in NEW" in gated.stderr
+
+
+def test_a_crossed_bound_wins_over_one_that_cannot_be_judged() -> None:
+    bounds = C.parse_fail_on(["step-time:5%,data-wait:5%"])
+    lacking = C.MetricResult(C.TRAINING_METRICS["data-wait"], C.BATCHES, 0.01, None, (100, 0))
+    crossed = C.evaluate_gate([result("step-time", 12.0, True), lacking], bounds)
+    assert [g.status for g in crossed] == ["crossed", "no-data"]
+    assert C.gate_exit(crossed) == 1 and C.gate_exit(crossed, strict=True) == 1
+    passed = C.evaluate_gate([result("step-time", 1.0, False), lacking], bounds)
+    assert C.gate_exit(passed) == 2 and C.gate_exit(passed, strict=True) == 2
+    assert C.regressed(passed, strict=True) is False  # cannot judge is not a regression
+    assert C.gate_exit(passed[:1]) == 0
+
+
+# -- one run with per-batch timing, one without ------------------------------------------------
+
+
+def timed_run(folder: Path, *, n: int = 300, step: float = 0.08, wait: float = 0.02,
+              interval_p95: float = 1.173, seed: int = 3) -> Path:
+    """A run with every batch in timing/ and per-interval records whose step p95 (as a
+    recorder that saw one slow batch per interval would write it) is far from the batches'."""
+    folder = noisy_run(folder, seed=seed)
+    lines = [json.loads(x) for x in (folder / "records.jsonl").read_text().splitlines()]
+    for r in lines:
+        r["train"]["step"]["p95_s"] = interval_p95
+        r["train"]["data_wait"]["p95_s"] = interval_p95 / 4
+    (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    rnd = random.Random(seed)
+    t = 1_000_000_000
+    recs = [(trecords.EPOCH, t, 0)]
+    for _ in range(n):
+        s = int(step * 1e9 * (1 + 0.1 * rnd.gauss(0, 1)))
+        w = int(wait * 1e9 * (0.5 + rnd.random()))
+        recs.append((trecords.BATCH, t + s - w, t + s))  # called at end - wait, handed at end
+        t += s
+    (folder / "timing").mkdir()
+    write_bin(folder / "timing" / "4242.bin", recs)
+    return folder
+
+
+def test_a_run_with_batches_keeps_its_own_figures_against_one_without(tmp_path: Path) -> None:
+    base = timed_run(tmp_path / "base")
+    new = noisy_run(tmp_path / "new", seed=2)
+    rep = iolens("report", str(base), "--format", "json")
+    assert rep.returncode == 0, rep.stderr
+    train = json.loads(rep.stdout)["training"]
+    assert train["distribution_source"] == C.BATCHES
+    out = iolens("compare", str(base), str(new), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    o = json.loads(out.stdout)
+    bd = o["base"]["distributions"]
+    # the figures `iolens report` gives for BASE, not the per-interval 1173 ms
+    assert bd["step"]["p95_s"] == pytest.approx(train["step"]["p95_s"], abs=1e-6)
+    assert bd["source"] == C.BATCHES and bd["step"]["count"] == 300 == o["base"]["batches"]
+    assert o["method"]["samples"] == C.MIXED
+    assert (o["base"]["samples"], o["new"]["samples"]) == (C.BATCHES, C.INTERVALS)
+    assert bd["step"]["p50_s"] == pytest.approx(train["step"]["p50_s"], abs=1e-6)
+    assert bd["data_wait"]["p95_s"] == pytest.approx(train["data_wait"]["p95_s"], abs=1e-6)
+    assert bd["step"]["p95_s"] < 0.2
+    assert o["new"]["distributions"]["source"] == C.INTERVALS
+    # compared of one kind: the mean step time, BASE's over its every batch
+    step = next(m for m in o["metrics"] if m["id"] == "step-time")
+    assert step["statistic"] == "mean" and step["source"] == C.MIXED
+    assert step["base"] == pytest.approx(train["step"]["mean_s"], abs=1e-6)
+    assert step["samples"] == {"base": 300, "new": 30} and step["real"] is not None
+
+
+def test_figures_of_different_kinds_say_so_next_to_them(tmp_path: Path) -> None:
+    base = timed_run(tmp_path / "base")
+    new = noisy_run(tmp_path / "new", seed=2)
+    o = json.loads(iolens("compare", str(base), str(new), "--format", "json").stdout)
+    for key in ("base", "new"):
+        d = o[key]["distributions"]
+        assert d["same_kind"] is False
+        assert "not the same kind" in d["note"] and "NEW has no per-batch timing" in d["note"]
+    assert any("NEW has no per-batch timing files" in w for w in o["warnings"])
+    text = iolens("compare", str(base), str(new))
+    assert text.returncode == 0, text.stderr
+    flat = " ".join(text.stdout.split())
+    assert "training (from BASE every batch, NEW per-interval figures;" in flat
+    assert "per-interval figures: p50, p95 approximate" in flat
+    assert ("note: BASE's p50 and p95 are over every batch, NEW's approximate from its "
+            "per-interval figures") in flat and "not the same kind" in flat
+    # two runs of one kind: no such note
+    same = json.loads(iolens("compare", str(new), str(new), "--format", "json").stdout)
+    assert same["new"]["distributions"]["same_kind"] is True
+    assert same["new"]["distributions"]["note"] is None
+
+
+def test_a_bound_a_run_cannot_give_exits_2_and_says_why(tmp_path: Path) -> None:
+    base = timed_run(tmp_path / "base")
+    untimed = write_run(tmp_path / "untimed", [rec(i, batches=0) for i in range(30)], {})
+    out = iolens("compare", str(base), str(untimed), "--fail-on", "step-time:5%")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "no bound crossed" not in out.stdout + out.stderr
+    assert "result: cannot judge step-time:5%" in " ".join(out.stdout.split())
+    lines = [x for x in out.stderr.splitlines() if "cannot be judged" in x]
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("iolens compare: step-time:5% cannot be judged: ")
+    assert "not measured in NEW" in lines[0] and "no timed DataLoader batches" in lines[0]
+    assert "`iolens run`" in lines[0]
+    js = iolens("compare", str(base), str(untimed), "--format", "json",
+                "--fail-on", "step-time:5%", "--strict")
+    assert js.returncode == 2, js.stderr
+    o = json.loads(js.stdout)
+    assert o["fail_on"][0]["status"] == "no-data" and o["regressed"] is False
+    helptext = " ".join(iolens("compare", "--help").stdout.split())
+    assert "2 bad input or cannot judge" in helptext and "exits 2, unless another" in helptext
 
 
 # -- real runs -------------------------------------------------------------------------------

@@ -5,21 +5,26 @@ takes two loaded runs and returns a :class:`Comparison`; :func:`parse_fail_on`
 and :func:`evaluate_gate` turn ``--fail-on`` bounds into a pass or fail.
 
 Samples
-    Step time and data wait come from every batch in ``timing/*.bin`` when
-    both runs have them (read through :class:`~iolens.training.timing.
+    Each run's step time and data wait come from the best figures *that run*
+    has, independently of the other: every batch in ``timing/*.bin`` when it
+    has them (read through :class:`~iolens.training.timing.
     TrainingAggregator`, so a batch's step and wait mean exactly what they mean
     in ``iolens report``), merged across processes in the order the batches
     were handed over. Above :data:`MAX_BATCHES` batches, every k-th batch is
-    kept (deterministic thinning) so the comparison stays fast. When either run
-    lacks them, both fall back to the per-interval figures in records.jsonl
-    (count, sum of step time, sum of data wait per interval), so that both sides
-    are always measured the same way; the comparison says which source it used.
-    Device and job figures always come from the interval records.
+    kept (deterministic thinning) so the comparison stays fast. A run without
+    them is read from its per-interval figures in records.jsonl (count, sum of
+    step time, sum of data wait per interval). When the two runs' sources
+    differ (:data:`MIXED`), the compared statistics stay of one kind (step time
+    as a mean, which both sources give exactly), and the side's p50 and p95,
+    which are exact over every batch but approximate from the intervals, carry
+    a note saying they are not the same kind of figure. Device and job figures
+    always come from the interval records.
 
 Statistics
     - throughput: batches / total step time (steps per second);
-    - step time: the median of every batch's step time (per-interval source:
-      the mean, total step time / batches, as the intervals carry no batches);
+    - step time: the median of every batch's step time (when a run has only
+      per-interval figures: the mean, total step time / batches, in both runs,
+      as the intervals carry no batches);
     - data wait: the mean per batch, because with prefetching workers most
       batches wait almost nothing and the cost sits in bursts a median misses;
     - data-wait share: total data wait / total step time, compared as a
@@ -89,6 +94,8 @@ _CHUNK = trecords.RECORD_BYTES * 65536
 
 BATCHES = "every batch"
 INTERVALS = "per-interval figures"
+MIXED = "mixed"
+"""The comparison's source when one run has every batch and the other per-interval figures."""
 
 GATE_METRICS = ("step-time", "data-wait", "throughput", "data-wait-share")
 """Metrics a ``--fail-on`` bound can name."""
@@ -525,6 +532,8 @@ class RunSide:
     """What the comparison read from one run."""
 
     path: str
+    source: str
+    """Where this run's step and data-wait figures came from: BATCHES or INTERVALS."""
     batches: int
     """Timed batches (timing files or interval records)."""
     intervals: int
@@ -542,7 +551,8 @@ class Comparison:
     base: RunSide
     new: RunSide
     source: str
-    """Where step and data-wait samples came from: BATCHES or INTERVALS."""
+    """Where step and data-wait samples came from: BATCHES or INTERVALS (both runs), or
+    MIXED (each run's own: see ``base.source`` and ``new.source``)."""
     metrics: list[MetricResult]
     warnings: list[str] = field(default_factory=list)
     resamples: int = RESAMPLES
@@ -597,8 +607,7 @@ def _dist_intervals(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _side(run: RunData, batches: BatchSamples | None, iv: IntervalSamples,
-          source: str) -> RunSide:
+def _side(run: RunData, batches: BatchSamples | None, iv: IntervalSamples) -> RunSide:
     meta = run.meta
     notes = list(run.notes)
     for st in meta.get("timing") or []:
@@ -606,11 +615,13 @@ def _side(run: RunData, batches: BatchSamples | None, iv: IntervalSamples,
             notes.append(f"process {st.get('pid')} dropped {st['dropped']} timing record(s)")
     if batches is not None and batches.skipped:
         notes.append(f"{batches.skipped} damaged timing record(s) were skipped")
-    if source == BATCHES and batches is not None:
-        count, every, dist = batches.total, batches.every, _dist_exact(batches)
+    if batches is not None:  # a run's best figures, whatever the other run has
+        source, count, every, dist = BATCHES, batches.total, batches.every, _dist_exact(batches)
     else:
-        count, every, dist = int(sum(iv.batches)), 1, _dist_intervals(run.records)
-    return RunSide(os.path.abspath(run.path), count, len(run.records), every,
+        source, count, every = INTERVALS, int(sum(iv.batches)), 1
+        dist = _dist_intervals(run.records)
+    dist["same_kind"], dist["note"] = True, None
+    return RunSide(os.path.abspath(run.path), source, count, len(run.records), every,
                    meta.get("exit_code"), notes, diagnose(run.records, meta).to_dict(), dist)
 
 
@@ -645,14 +656,18 @@ def _judge(res: MetricResult, ci: Interval | None, short: str | None) -> None:
         res.real = ci.low > 1 or ci.high < 1
 
 
-def _too_short(nb: int, nn: int, what: str) -> str | None:
-    if min(nb, nn) < MIN_SAMPLES:
+def _too_short(nb: int, nn: int, what: str | tuple[str, str]) -> str | None:
+    """Why the runs are too short to tell, or None; ``what`` names the samples (per run)."""
+    if min(nb, nn) >= MIN_SAMPLES:
+        return None
+    if isinstance(what, str):
         return f"too few {what} ({nb} in BASE, {nn} in NEW; {MIN_SAMPLES} needed in each)"
-    return None
+    return (f"too few samples ({nb} {what[0]} in BASE, {nn} {what[1]} in NEW; {MIN_SAMPLES} "
+            "needed in each)")
 
 
 def _compare_set(specs: list[MetricSpec], stats: list[tuple[Statistic, Statistic]],
-                 counts: tuple[int, int], *, source: str, what: str,
+                 counts: tuple[int, int], *, source: str, what: str | tuple[str, str],
                  results: list[MetricResult], seed: str, resamples: int) -> None:
     """Judge metrics whose statistics share one block structure per run."""
     nb, nn = counts
@@ -675,12 +690,16 @@ def _compare_set(specs: list[MetricSpec], stats: list[tuple[Statistic, Statistic
             res.new = None if res.new is None else res.new * 100
 
 
-def _batch_stats(b: BatchSamples) -> list[Statistic]:
+def _batch_stats(b: BatchSamples, *, median: bool = True) -> list[Statistic]:
+    """The training statistics of every batch; the step time as a median, or (``median``
+    false, against a run of per-interval figures) as the mean."""
     bounds = block_bounds(len(b.steps))
     ones = [1.0] * len(b.steps)
+    step: Statistic = (_Scaled(Median(b.steps, bounds), 1e-9) if median          # median, s
+                       else RatioOfSums([s / 1e9 for s in b.steps], ones, bounds))  # mean, s
     return [
         RatioOfSums([1e9] * len(b.steps), b.steps, bounds),     # steps per second
-        _Scaled(Median(b.steps, bounds), 1e-9),                  # median step, s
+        step,
         RatioOfSums([w / 1e9 for w in b.waits], ones, bounds),   # mean data wait, s
         RatioOfSums(b.waits, b.steps, bounds),                   # data-wait share
     ]
@@ -754,28 +773,45 @@ def compare_runs(base: RunData, new: RunData, *, resamples: int = RESAMPLES,
         sides.append((batches, interval_samples(run.records)))
     (bb, ib), (bn, inn) = sides
     warnings: list[str] = []
-    source = BATCHES if bb is not None and bn is not None else INTERVALS
-    if source == INTERVALS and (bb is not None or bn is not None):
-        which = "BASE" if bb is None else "NEW"
-        warnings.append(f"{which} has no per-batch timing files: step time and data wait are "
-                        f"compared from the per-interval figures of both runs (step time as "
-                        f"a mean, not a median)")
+    # Each run's best figures, independently: every batch where it has them.
+    kinds = (BATCHES if bb is not None else INTERVALS, BATCHES if bn is not None else INTERVALS)
+    source = kinds[0] if kinds[0] == kinds[1] else MIXED
     results: list[MetricResult] = []
+    for label, b in (("BASE", bb), ("NEW", bn)):
+        if b is not None and b.every > 1:
+            warnings.append(f"{label} has {b.total} batches: one in every {b.every} was used")
     if source == BATCHES:
         assert bb is not None and bn is not None
-        for label, b in (("BASE", bb), ("NEW", bn)):
-            if b.every > 1:
-                warnings.append(f"{label} has {b.total} batches: one in every {b.every} "
-                                "was used")
         results += compare_batches(bb, bn, resamples=resamples, seed=seed)
     else:
         specs = [MetricSpec(s.id, s.label, s.unit, "mean" if s.id == "step-time"
                             else s.statistic, s.better, s.up, s.down, s.points)
                  for s in TRAINING_METRICS.values()]
-        _compare_set(specs, list(zip(_interval_train_stats(ib), _interval_train_stats(inn),
-                                     strict=True)),
-                     (ib.timed, inn.timed), source=INTERVALS, what="timed intervals",
-                     results=results, seed=f"{seed}:train-intervals", resamples=resamples)
+        stats_b = _batch_stats(bb, median=False) if bb is not None else _interval_train_stats(ib)
+        stats_n = _batch_stats(bn, median=False) if bn is not None else _interval_train_stats(inn)
+        counts = (len(bb.steps) if bb is not None else ib.timed,
+                  len(bn.steps) if bn is not None else inn.timed)
+        what: str | tuple[str, str] = "timed intervals"
+        if source == MIXED:
+            what = ("batches" if bb is not None else "timed intervals",
+                    "batches" if bn is not None else "timed intervals")
+            which, other = ("BASE", "NEW") if bb is None else ("NEW", "BASE")
+            if (ib if bb is None else inn).timed:
+                warnings.append(
+                    f"{which} has no per-batch timing files: its step time and data wait come "
+                    f"from its per-interval figures, {other}'s from every batch; step time is "
+                    f"compared as a mean (not a median), and {which}'s p50 and p95 are "
+                    f"approximate, not the same kind of figure as {other}'s")
+        _compare_set(specs, list(zip(stats_b, stats_n, strict=True)), counts, source=source,
+                     what=what, results=results,
+                     seed=f"{seed}:train-{'intervals' if source == INTERVALS else 'mixed'}",
+                     resamples=resamples)
+    for label, b, iv in (("BASE", bb, ib), ("NEW", bn, inn)):
+        if b is None and not iv.timed:
+            warnings.append(f"{label} has no timed DataLoader batches (no timing/ files and no "
+                            "per-interval step figures): its step time, data wait and "
+                            "throughput cannot be compared; record it under `iolens run` to "
+                            "get them")
     # device and job figures, over the intervals
     ispecs: list[MetricSpec] = []
     istats: list[tuple[Statistic, Statistic]] = []
@@ -795,8 +831,20 @@ def compare_runs(base: RunData, new: RunData, *, resamples: int = RESAMPLES,
         code = run.meta.get("exit_code")
         if isinstance(code, int) and code != 0:
             warnings.append(f"{label}'s job exited with code {code}")
-    return Comparison(_side(base, bb, ib, source), _side(new, bn, inn, source), source,
-                      results, warnings, resamples, seed)
+    side_b, side_n = _side(base, bb, ib), _side(new, bn, inn)
+    if source == MIXED and (ib if bb is None else inn).timed:  # both runs have figures
+        _mark_mixed(side_b, side_n)
+    return Comparison(side_b, side_n, source, results, warnings, resamples, seed)
+
+
+def _mark_mixed(base: RunSide, new: RunSide) -> None:
+    """Say, next to both runs' distributions, that their p50 and p95 are not of one kind."""
+    exact, approx = ("BASE", "NEW") if base.source == BATCHES else ("NEW", "BASE")
+    note = (f"{exact}'s p50 and p95 are over every batch, {approx}'s approximate from its "
+            f"per-interval figures ({approx} has no per-batch timing): not the same kind of "
+            "figure, do not compare them")
+    for side in (base, new):
+        side.distributions["same_kind"], side.distributions["note"] = False, note
 
 
 # -- the gate --------------------------------------------------------------------------
@@ -872,9 +920,14 @@ def evaluate_gate(metrics: Sequence[MetricResult], bounds: Sequence[Bound]) -> l
         m = next((x for x in metrics if x.spec.id == bound.metric), None)
         unit = "%" if bound.unit == "%" else " points"
         if m is None or m.base is None or m.new is None:
-            out.append(GateResult(bound, "no-data", f"{bound.metric} is not measured in "
-                                  f"{'both runs' if m is None else _missing(m)} (no timed "
-                                  "batches)", None))
+            who = "either run" if m is None else _missing(m)
+            one = who in ("BASE", "NEW")
+            out.append(GateResult(
+                bound, "no-data", f"{bound.metric} is not measured in {who}: "
+                f"{'it has no' if one else 'neither has'} timed DataLoader batches (no timing/ "
+                f"files, no per-interval step figures); record {'it' if one else 'them'} under "
+                "`iolens run` (a torch DataLoader, or iolens.instrument(loader)) to get them",
+                None))
             continue
         reg = m.regression
         if reg is None or m.real is None:
@@ -904,16 +957,32 @@ def _missing(m: MetricResult) -> str:
 
 
 def regressed(results: Sequence[GateResult], *, strict: bool = False) -> bool:
-    """Whether the gate fails: a bound crossed, or (strict) one that cannot be judged."""
-    bad = {"crossed", "too-short", "no-data"} if strict else {"crossed"}
+    """Whether the gate fails: a bound crossed, or (strict) one whose runs are too short to
+    tell. A bound on a figure a run lacks (``no-data``) is not a regression: it cannot be
+    judged at all (see :func:`gate_exit`)."""
+    bad = {"crossed", "too-short"} if strict else {"crossed"}
     return any(r.status in bad for r in results)
+
+
+def unjudged(results: Sequence[GateResult]) -> list[GateResult]:
+    """The bounds that cannot be judged because a run lacks the figure."""
+    return [r for r in results if r.status == "no-data"]
+
+
+def gate_exit(results: Sequence[GateResult], *, strict: bool = False) -> int:
+    """The exit code of ``iolens compare``: 1 regressed (a crossed bound wins over any that
+    cannot be judged), 2 a bound cannot be judged (a run lacks the figure), else 0."""
+    if regressed(results, strict=strict):
+        return 1
+    return 2 if unjudged(results) else 0
 
 
 def to_dict(cmp: Comparison, gate: Sequence[GateResult] | None = None, *,
             strict: bool = False) -> dict[str, Any]:
     """The stable JSON object of ``iolens compare --format json``."""
     def side(s: RunSide) -> dict[str, Any]:
-        return {"path": s.path, "batches": s.batches, "sampled_every": s.every,
+        return {"path": s.path, "samples": s.source, "batches": s.batches,
+                "sampled_every": s.every,
                 "intervals": s.intervals, "exit_code": s.exit_code, "notes": s.notes,
                 "distributions": s.distributions}
 

@@ -20,13 +20,15 @@ What is compared (BASE and NEW, the change, and its 95% confidence interval):
   per device in both runs: %util, r_await, read MB/s; the job's read MB/s
 and the verdict of each run (class, severity), saying whether the class changed.
 
-Step time and data wait come from every batch (the run's timing files), or
-from the per-interval figures when a run lacks them (then step time is a
-mean). A difference is "real" when a block bootstrap of the two runs (2000
-resamples of contiguous stretches of batches, fixed seed) puts its 95%
-confidence interval entirely on one side of no change; otherwise it is
-"within noise". Runs with fewer than 20 batches (or intervals) are too
-short to tell.
+Each run's step time and data wait come from the best figures it has:
+every batch (its timing files, as `iolens report` reads them), or its
+per-interval figures when it lacks them. When only one run has every batch,
+step time is compared as a mean, and the other run's p50 and p95 are
+approximate: the output marks them as not the same kind. A difference is
+"real" when a block bootstrap of the two runs (2000 resamples of contiguous
+stretches of batches, fixed seed) puts its 95% confidence interval entirely
+on one side of no change; otherwise it is "within noise". Runs with fewer
+than 20 batches (or intervals) are too short to tell.
 
 --fail-on METRIC:THRESHOLD[,...]  (repeatable) a bound on regression:
   step-time:N%        NEW's step time more than N% longer
@@ -40,10 +42,14 @@ threshold is the margin for run-to-run variation that two single runs cannot
 show: 5% or more is a sound start. data-wait is relative: a job that hardly
 waits can double a tiny wait; data-wait-share is then the better gate.
 
+A bound that cannot be judged because a run lacks its figure (no timed
+DataLoader batches: record the run under `iolens run`) is named on stderr
+and exits 2, unless another bound is crossed (exit 1).
+
 exit codes: 0 no bound crossed (or none given), 1 a bound crossed (with
---strict: or one that cannot be judged), 2 bad input (no run at BASE or NEW,
-an empty run, a bad --fail-on, or a bound on step figures of a run without
-timed batches)
+--strict: or one whose runs are too short to tell), 2 bad input or cannot
+judge (no run at BASE or NEW, an empty run, a bad --fail-on, or a bound on
+step figures of a run without timed batches)
 
 examples:
   iolens compare runs/before runs/after
@@ -113,19 +119,19 @@ def run(ns: argparse.Namespace) -> int:
             print(f"iolens compare: warning: {g.bound.text()} cannot be judged: {g.reason}"
                   + (" (fails: --strict)" if ns.strict else " (not counted as crossed)"),
                   file=sys.stderr)
-    missing = [g for g in gate if g.status == "no-data"]
-    for g in missing:
-        print(f"iolens compare: {g.bound.text()}: {g.reason}", file=sys.stderr)
-    if missing:
-        return 2
-    if obj["regressed"]:
-        crossed = ", ".join(g.bound.text() for g in gate if g.status != "passed")
+    for g in compare.unjudged(gate):
+        print(f"iolens compare: {g.bound.text()} cannot be judged: {g.reason}", file=sys.stderr)
+    code = compare.gate_exit(gate, strict=ns.strict)
+    if code == 1:
+        bad = ("crossed", "too-short") if ns.strict else ("crossed",)
+        crossed = ", ".join(g.bound.text() for g in gate if g.status in bad)
         print(f"iolens compare: regression: {crossed}", file=sys.stderr)
-        return 1
-    return 0
+    return code
 
 
 # -- text ------------------------------------------------------------------------------
+
+_TRAINING_IDS = ("throughput", "step-time", "data-wait", "data-wait-share")
 
 _OUTCOME_STYLE = {"worse": "bold red", "better": "bold green", "changed": "bold",
                   "within-noise": "dim", "unknown": "yellow"}
@@ -155,6 +161,8 @@ def _render_text(obj: dict[str, Any]) -> str:
     from rich.console import Console, Group, RenderableType  # noqa: PLC0415 - text only
     from rich.table import Table  # noqa: PLC0415
     from rich.text import Text  # noqa: PLC0415
+
+    from iolens.analysis.compare import BATCHES  # noqa: PLC0415
 
     def metrics_table(title: str, rows: list[dict[str, Any]]) -> Table:
         t = Table(title=title, title_justify="left")
@@ -187,23 +195,33 @@ def _render_text(obj: dict[str, Any]) -> str:
         parts.append(line)
     parts.append(Text(""))
 
-    train = [m for m in obj["metrics"] if m["source"] == obj["method"]["samples"]
-             and m.get("device") is None and m["id"] != "job-read"]
+    train = [m for m in obj["metrics"] if m["id"] in _TRAINING_IDS and m.get("device") is None]
     load = [m for m in obj["metrics"] if m not in train]
-    parts.append(metrics_table(f"training (from {obj['method']['samples']}; "
+    samples = str(obj["method"]["samples"])
+    if samples not in (obj["base"].get("samples"), obj["new"].get("samples")):  # mixed
+        samples = f"BASE {obj['base'].get('samples')}, NEW {obj['new'].get('samples')}"
+    parts.append(metrics_table(f"training (from {samples}; "
                                f"{obj['method']['confidence'] * 100:.0f}% confidence "
                                "intervals by block bootstrap)", train))
 
     dist = Table(title="distributions (ms per batch)", title_justify="left")
-    for col in ("", "mean", "p50", "p95", "max"):
-        dist.add_column(col, justify="right" if col else "left")
+    mixed = any(obj[k]["distributions"].get("same_kind") is False for k in ("base", "new"))
+    for col in ("", "mean", "p50", "p95", "max") + (("from",) if mixed else ()):
+        dist.add_column(col, justify="left" if col in ("", "from") else "right")
     for part, name in (("step", "step"), ("data_wait", "data wait")):
         for key in ("base", "new"):
-            d = obj[key]["distributions"].get(part) or {}
-            dist.add_row(f"{name} {key.upper()}", *(
-                f"{d[k] * 1000:.2f}" if isinstance(d.get(k), (int, float)) else "-"
-                for k in ("mean_s", "p50_s", "p95_s", "max_s")))
+            dd = obj[key]["distributions"]
+            d = dd.get(part) or {}
+            cells = [f"{d[k] * 1000:.2f}" if isinstance(d.get(k), (int, float)) else "-"
+                     for k in ("mean_s", "p50_s", "p95_s", "max_s")]
+            if mixed:  # next to the figures: which kind they are
+                cells.append(BATCHES if dd.get("source") == BATCHES
+                             else "per-interval figures: p50, p95 approximate")
+            dist.add_row(f"{name} {key.upper()}", *cells)
     parts.append(dist)
+    if mixed:
+        note = obj["base"]["distributions"].get("note") or obj["new"]["distributions"].get("note")
+        parts.append(Text(f"  note: {note}", style="yellow"))
     if load:
         parts.append(metrics_table("devices and the job's reads (over the intervals)", load))
 
@@ -235,9 +253,17 @@ def _render_text(obj: dict[str, Any]) -> str:
                         "yellow" if status != "passed" else "green")
             line.append(str(g["reason"]))
             parts.append(line)
-        parts.append(Text("result: " + ("REGRESSED" if obj["regressed"] else
-                                        "no bound crossed"),
-                          style="bold red" if obj["regressed"] else "bold green"))
+        unjudged = [str(g["bound"]) for g in obj["fail_on"] if g["status"] == "no-data"]
+        if obj["regressed"]:
+            result = "REGRESSED" + (f" ({', '.join(unjudged)} cannot be judged)" if unjudged
+                                    else "")
+        elif unjudged:  # never "no bound crossed" when a bound could not be judged at all
+            result = (f"cannot judge {', '.join(unjudged)}: a run lacks the figure (see "
+                      "fail-on above)")
+        else:
+            result = "no bound crossed"
+        parts.append(Text("result: " + result, style="bold red" if obj["regressed"] else
+                          "bold yellow" if unjudged else "bold green"))
     notes = list(obj["warnings"])
     for key in ("base", "new"):
         notes += [f"{key.upper()}: {n}" for n in obj[key]["notes"]]
