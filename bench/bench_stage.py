@@ -43,7 +43,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from iolens.training import _hooks, records
+from iolens.rundir import records
+from iolens.training import _hooks
 
 BATCH_SIZES = (1, 8, 32, 128)
 MACRO_BATCH_SIZES = (1, 32)

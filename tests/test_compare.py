@@ -17,8 +17,8 @@ import pytest
 
 from iolens.analysis import compare as C
 from iolens.analysis.rundata import load_run
-from iolens.training import records as trecords
-from iolens.training.timing import TimingReader, TrainingAggregator
+from iolens.rundir import records as trecords
+from iolens.rundir.timing import TimingReader, TrainingAggregator
 from tests.test_report import write_run
 from tests.test_verdict import dev, rec
 

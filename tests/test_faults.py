@@ -440,7 +440,7 @@ def test_monitor_sidecar_killed_mid_run(work: Path, baselines: Baselines, tmp_pa
     def kill_sidecar(proc: subprocess.Popen[str]) -> None:
         wait_for_records(run, 2)
         kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        sidecar = [int(k) for k in kids if b"iolens.recorder.sidecar" in
+        sidecar = [int(k) for k in kids if b"iolens.job.sidecar" in
                    Path(f"/proc/{k}/cmdline").read_bytes()]
         assert len(sidecar) == 1, kids
         os.kill(sidecar[0], signal.SIGKILL)

@@ -35,6 +35,8 @@ from iolens.analysis.rundata import RunData, load_run
 from iolens.core.counters import COUNT_MOD, TIME_MOD, DiskCounters, DiskSnapshot
 from iolens.core.rates import device_rates, snapshot_rates
 from iolens.report.build import build_report
+from iolens.rundir import records as trecords
+from iolens.rundir.timing import TimingReader, TrainingAggregator
 from iolens.sources.devmap import parse_mountinfo
 from iolens.sources.diskstats import DiskstatsParser, parse_diskstats, parse_stat_file
 from iolens.sources.procfs import (
@@ -45,8 +47,6 @@ from iolens.sources.procfs import (
     parse_proc_stat,
 )
 from iolens.sources.uptime import parse_uptime_cs
-from iolens.training import records as trecords
-from iolens.training.timing import TimingReader, TrainingAggregator
 from tests.test_verdict import SLOW_LOOP, rec
 
 Record = Callable[[str, object], None]  # pytest's record_property fixture
@@ -1015,8 +1015,8 @@ def test_every_record_the_recorder_writes_reads_back(tmp_path: Path) -> None:
     then): none may be dropped by the reader, on the plain or the long-run path.
     """
     from iolens.analysis.longrun import record_problem
-    from iolens.recorder.rundir import RunDir
     from iolens.recorder.sampler import Recorder, RoleTotals
+    from iolens.rundir import RunDir
 
     run = RunDir(str(tmp_path / "run"))
     recorder = Recorder(None, os.getpid(), 0.05, {})  # samples only: written below

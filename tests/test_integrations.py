@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from iolens.training import _hooks, records
-from iolens.training.timing import TimingReader, TrainingAggregator
+from iolens.rundir import records
+from iolens.rundir.timing import TimingReader, TrainingAggregator
+from iolens.training import _hooks
 from tests.conftest import need
 
 MS = 1_000_000

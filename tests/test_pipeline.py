@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from iolens.analysis.pipeline import pipeline
-from iolens.training import records
-from iolens.training.timing import TrainingAggregator
+from iolens.rundir import records
+from iolens.rundir.timing import TrainingAggregator
 
 MS = 1_000_000
 
@@ -69,6 +69,19 @@ def test_a_hand_over_waits_for_its_worker_record_and_skips_an_older_epoch() -> N
     assert agg.take()["pipeline"]["handover"]["count"] == 0  # epoch 2's batch 5: not yet
     agg.feed(11, recs(*worker_batch(5, 155 * MS)))
     assert agg.take()["pipeline"]["handover"]["sum_s"] == pytest.approx(0.005)
+
+
+def test_a_hand_over_keeps_its_epoch_when_the_next_epoch_starts_before_the_join() -> None:
+    """Short epochs: epoch 1's last hand-over and epoch 2's start reach the recorder in one
+    poll, the worker's READY for that batch in a later one: it still joins."""
+    agg = TrainingAggregator()
+    tag = 1 << records.TAG_SHIFT
+    agg.feed(10, recs((records.EPOCH | tag, 0, 1), (records.WORKER | tag, 11, 0),
+                      (records.BATCH | tag, 30 * MS, 33 * MS),
+                      (records.HANDOVER | tag, 0, 30 * MS),
+                      (records.EPOCH | tag, 40 * MS, 1)))
+    agg.feed(11, recs(*worker_batch(0, 31 * MS)))
+    assert agg.take()["pipeline"]["handover"]["sum_s"] == pytest.approx(0.002)
 
 
 def test_worker_records_before_the_loader_is_known_still_join() -> None:
@@ -297,8 +310,12 @@ def test_faults_inside_a_worker_leave_the_training_unchanged(tmp_path: Path, dat
     under, run = _train(tmp_path, dataset, "fork", "map", "0", fault)
     assert under.returncode == bare.returncode
     clean = [ln.split(" (pid")[0] for ln in under.stdout.splitlines()]
-    assert clean == [ln.split(" (pid")[0] for ln in bare.stdout.splitlines()], (
-        under.stdout, bare.stdout)
+    expected = [ln.split(" (pid")[0] for ln in bare.stdout.splitlines()]
+    if fault == "kill":
+        # When the loop notices a dead worker depends on timing, with iolens or without:
+        # the batches summed before it differ from run to run; the error does not.
+        clean, expected = clean[:1], expected[:1]
+    assert clean == expected, (under.stdout, bare.stdout)
     if fault == "fds":
         assert "error" not in under.stdout
     else:

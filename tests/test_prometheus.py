@@ -27,6 +27,7 @@ import pytest
 
 from iolens.analysis.verdict import NO_STEPS, PRIMARY_CLASSES
 from iolens.recorder.sampler import Recorder
+from iolens.rundir import records
 from iolens.sinks.prometheus import (
     Exporter,
     ExportLabels,
@@ -35,7 +36,6 @@ from iolens.sinks.prometheus import (
 )
 from iolens.sinks.state import BUCKETS_S, ExportState, Histogram, LiveTotals, RankState
 from iolens.sources.procfs import CLK_TCK, CpuTimes
-from iolens.training import records
 from tests.conftest import need
 from tests.kernelfake import FakeDevice, FakeSnapshot, counters
 

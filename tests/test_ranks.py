@@ -15,8 +15,8 @@ import pytest
 
 from iolens.analysis import rules
 from iolens.analysis.verdict import straggler
-from iolens.training import records
-from iolens.training.timing import TrainingAggregator
+from iolens.rundir import records
+from iolens.rundir.timing import TrainingAggregator
 from tests.conftest import need
 
 

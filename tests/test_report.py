@@ -142,7 +142,7 @@ def test_report_of_a_real_run(tmp_path: Path) -> None:
 def test_report_reads_timing_left_in_the_spare_folder(tmp_path: Path) -> None:
     """A recorder killed after the job's timing moved to the spare folder: the report
     reads it there, says so, and leaves the folder alone once the run has ended."""
-    from iolens.training import records as trecords
+    from iolens.rundir import records as trecords
     from iolens.training._hooks import TimingWriter
 
     ms = 1_000_000

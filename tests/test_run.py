@@ -250,7 +250,7 @@ def test_sidecar_takes_a_command_line_with_options() -> None:
     """monitor() hands the script's argv to the sidecar as --command VALUE pairs; a value
     that starts with '-' (train.py --epochs 3) once made the sidecar exit with a usage
     error, and monitor() recorded nothing."""
-    from iolens.recorder.sidecar import _glued
+    from iolens.job.sidecar import _glued
 
     argv = ["--pid", "1", "--command", "train.py", "--command", "--epochs", "--out", "r"]
     assert _glued(argv) == ["--pid", "1", "--command=train.py", "--command=--epochs",

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from iolens.analysis.verdict import PRIMARY_CLASSES
-from iolens.recorder.rundir import RunDir, default_run_dir
+from iolens.rundir import RunDir, default_run_dir
 from iolens.sinks.base import SinkError
 from iolens.sinks.csvfile import CsvSink
 from tests.conftest import need
@@ -536,7 +536,7 @@ def test_default_run_dirs_are_created_atomically(tmp_path: Path, monkeypatch: py
 
     32 threads naming a default run directory in the same second: each gets its own,
     already created (mkdir that fails when taken, then the next suffix), none shared."""
-    monkeypatch.setattr("iolens.recorder.rundir.time.strftime", lambda fmt: "20260101-000000")
+    monkeypatch.setattr("iolens.rundir.time.strftime", lambda fmt: "20260101-000000")
     barrier = threading.Barrier(32)
     got: list[str] = []
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ def _fake_proc(tmp_path: Path, folder: Path, fstype: str, source: str) -> Path:
 
 
 @pytest.fixture
-def shm_folder() -> Path:
+def shm_folder() -> Iterator[Path]:
     base = Path("/dev/shm")
     if not base.is_dir() or os.major(os.stat(base).st_dev) != 0:
         pytest.skip("needs /dev/shm on a tmpfs")
@@ -118,3 +119,14 @@ def test_mapped_data_files_leave_out_code_system_and_special_mappings() -> None:
     ])
     assert mapped_files(text, ("/runs/x/timing",)) == [
         "/data/imagenet/train.f32", "/data/with space/labels.npy"]
+
+
+def test_programs_mapped_without_a_library_name_are_not_data() -> None:
+    from iolens.sources.procmaps import mapped_files
+
+    text = "\n".join([
+        "5600-5700 r--p 00000000 fe:00 131 /opt/conda/bin/python3.11",
+        "5700-5800 r-xp 00001000 fe:00 131 /opt/conda/bin/python3.11",
+        "5800-5900 r--p 00000000 fe:00 132 /data/shard-000.bin",
+    ])
+    assert mapped_files(text) == ["/data/shard-000.bin"]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from iolens.training import records
+from iolens.rundir import records
+from iolens.rundir.timing import TimingReader, TrainingAggregator, distribution
 from iolens.training._hooks import TimingWriter
-from iolens.training.timing import TimingReader, TrainingAggregator, distribution
 
 MS = 1_000_000
 

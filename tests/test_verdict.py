@@ -356,3 +356,88 @@ def test_declared_workers_count_when_none_was_sampled() -> None:
     v = diagnose(records, META)
     assert v.cls == "loader-starved"
     assert v.evidence[0].startswith("2 DataLoader workers asked for, none seen at work")
+
+
+# -- from inside the input pipeline (the workers' stage figures) --------------------------
+
+
+def piped(n: int = 30, *, fetch: float, cpu: float, collate: float = 0.001, idle: float = 0.0,
+          handover: float = 0.0005, files: int = 8, wait: float = 0.05, step: float = 0.1,
+          worker_rchar: float = 8 * 65536.0, job_read: float = 0.0,
+          epoch_start: float | None = None,
+          states: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """Intervals of 10 batches of 8 samples, with the workers' stages per batch."""
+    out = []
+    for i in range(n):
+        r = rec(i, batches=10, wait=wait, step=step, workers=2, worker_cpu=20.0,
+                worker_rchar=worker_rchar, job_read=job_read, epoch_start=epoch_start,
+                states=states)
+        r["train"]["pipeline"] = {
+            "batches": 10, "samples": 80, "processes": 2, "in_process": False,
+            "fetch_s": 10 * fetch, "fetch_cpu_s": 10 * cpu, "collate_s": 10 * collate,
+            "idle_s": 10 * idle, "files": 10 * files,
+            "handover": {"count": 10, "sum_s": 10 * handover}}
+        out.append(r)
+    return out
+
+
+FUSE_META = {"cpus": 8, "storage": [
+    {"mount": "/mnt/bucket", "fstype": "fuse.rclone", "device": None, "kind": "fuse",
+     "disks": [], "page_cache_visible": False, "opens": 1111},
+    {"mount": "/", "fstype": "ext4", "device": "vda1", "kind": "block", "disks": ["vda"],
+     "page_cache_visible": True, "opens": 11}]}
+
+
+def test_a_blocked_fetch_on_fuse_is_storage_bound_and_names_the_mount() -> None:
+    v = diagnose(piped(fetch=0.2, cpu=0.002), FUSE_META)
+    assert v.cls == "storage-bound" and v.devices == []
+    assert "/mnt/bucket (fuse.rclone, no block device)" in v.evidence[0]
+    assert any("cache the dataset" in r.action for r in v.recommendations)
+    assert not [f for f in v.findings if f.cls == "warm-cache"]
+
+
+def test_only_the_most_opened_mount_is_the_dataset() -> None:
+    """An NFS home read once by a library does not make a local dataset remote."""
+    meta = {"cpus": 8, "storage": [
+        {"mount": "/", "fstype": "ext4", "device": "vda1", "kind": "block", "disks": ["vda"],
+         "page_cache_visible": True, "opens": 1111},
+        {"mount": "/home", "fstype": "nfs4", "device": None, "kind": "nfs", "disks": [],
+         "page_cache_visible": False, "opens": 1}]}
+    v = diagnose(piped(fetch=0.2, cpu=0.002), meta)
+    assert v.cls == "loader-starved", v.evidence  # a fast local disk: it waits on else
+    assert any("wait on something else" in e for e in v.evidence)
+
+
+def test_a_heavy_collate_beside_a_light_blocked_read_is_not_storage() -> None:
+    v = diagnose(piped(fetch=0.004, cpu=0.0005, collate=0.04), FUSE_META)
+    assert v.cls == "cpu-bound-input", v.evidence
+
+
+def test_idle_workers_with_the_wait_in_the_hand_over_are_handover_bound() -> None:
+    v = diagnose(piped(fetch=0.001, cpu=0.001, idle=0.05, handover=0.045, wait=0.05), META)
+    assert v.cls == "handover-bound"
+    assert not any(r.action.startswith("raise num_workers") for r in v.recommendations)
+
+
+def test_idle_workers_behind_one_slow_batch_are_not_handover_bound() -> None:
+    """Batches come back in order: a slow one leaves the others idle while the loop waits;
+    the hand-over is a small part of the wait, so adding workers is not ruled out."""
+    v = diagnose(piped(fetch=0.001, cpu=0.001, idle=0.05, handover=0.001, wait=0.05), META)
+    assert v.cls == "loader-starved"
+    assert any("in_order=False" in r.action for r in v.recommendations)
+
+
+def test_a_memmapped_dataset_counts_as_read_from_its_page_faults() -> None:
+    """A memmap opens no file per sample and reads nothing through read(): its page faults
+    count in read_bytes, and a slow device under them makes it storage-bound."""
+    slow = {"vda": dev(util=40.0, r_await=25.0, aqu=0.5, r_s=100.0, rkb=6400.0)}
+    recs = piped(fetch=0.2, cpu=0.002, files=0, worker_rchar=0.0, job_read=6400 * 1024.0)
+    for r in recs:
+        r["devices"] = slow
+    meta = {"cpus": 8, "storage": [
+        {"mount": "/", "fstype": "ext4", "device": "vda1", "kind": "block", "disks": ["vda"],
+         "page_cache_visible": True, "opens": 0, "mapped": True}]}
+    v = diagnose(recs, meta)
+    assert v.cls == "storage-bound", v.evidence
+    assert v.devices == ["vda"]  # the disk whose counters show it, not the partition
+    assert "r_await 25.0 ms" in v.evidence[0]

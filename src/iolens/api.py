@@ -27,7 +27,7 @@ from typing import IO, Any, Generic, TypeVar
 
 from iolens._errors import IolensError, StatsUnavailableError, UnknownDeviceError
 from iolens.core.rates import MAX_INTERVAL_S, MIN_INTERVAL_S, device_rates, interval_cs
-from iolens.recorder.rundir import META, default_run_dir
+from iolens.rundir import META, default_run_dir
 from iolens.sources.devmap import device_for_path
 from iolens.sources.disk import DiskSampler
 from iolens.training import _hooks
@@ -94,7 +94,7 @@ class Monitor:
             self._say(f"cannot create {path} ({exc.strerror or exc}); recording to {fallback}")
             path = fallback
         self.run_dir = os.path.abspath(path)
-        cmd = [sys.executable, "-m", "iolens.recorder.sidecar", "--pid", str(os.getpid()),
+        cmd = [sys.executable, "-m", "iolens.job.sidecar", "--pid", str(os.getpid()),
                "--out", self.run_dir, "--interval", str(self.interval)]
         for p in self.paths:
             cmd += ["--path", p]
@@ -156,7 +156,7 @@ class Monitor:
                           "its records are kept")
         self.summary = self._read_summary()
         if self.summary is not None and self.run_dir is not None:
-            from iolens.recorder.run import end_lines  # noqa: PLC0415 - at the end only
+            from iolens.job.run import end_lines  # noqa: PLC0415 - at the end only
 
             self._say(f"run directory {self.run_dir}")
             for line in end_lines(self.run_dir, self.summary):

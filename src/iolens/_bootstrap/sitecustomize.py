@@ -33,7 +33,7 @@ def _iolens_boot() -> None:
         try:
             os.makedirs(os.path.join(run_dir, "timing"), exist_ok=True)
             # O_EXCL|O_NOFOLLOW: never through a link planted there (NOTE [no writes
-            # through links] in iolens/recorder/rundir.py); this note is all it would lose.
+            # through links] in iolens/rundir/__init__.py); this note is all it would lose.
             fd = os.open(os.path.join(run_dir, "timing", f"{os.getpid()}.json"),
                          os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
             with os.fdopen(fd, "w") as fh:

@@ -7,7 +7,7 @@ and :func:`evaluate_gate` turn ``--fail-on`` bounds into a pass or fail.
 Samples
     Each run's step time and data wait come from the best figures *that run*
     has, independently of the other: every batch in ``timing/*.bin`` when it
-    has them (read through :class:`~iolens.training.timing.
+    has them (read through :class:`~iolens.rundir.timing.
     TrainingAggregator`, so a batch's step and wait mean exactly what they mean
     in ``iolens report``), merged across processes in the order the batches
     were handed over. Above :data:`MAX_BATCHES` batches, every k-th batch is
@@ -73,8 +73,8 @@ from typing import Any
 from iolens._errors import IolensError
 from iolens.analysis.rundata import RunData
 from iolens.analysis.verdict import diagnose
-from iolens.training import records as trecords
-from iolens.training.timing import TrainingAggregator, distribution, timing_pid
+from iolens.rundir import records as trecords
+from iolens.rundir.timing import TrainingAggregator, distribution, timing_pid
 
 COMPARE_SCHEMA = 1
 CONFIDENCE = 0.95

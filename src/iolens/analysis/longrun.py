@@ -32,7 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from iolens.recorder.rundir import SCHEMA_VERSION
+from iolens.rundir import SCHEMA_VERSION
 
 LONG_RUN_RECORDS = 50_000
 """More records than this (14 hours at 1 s) are read as buckets."""

@@ -50,6 +50,8 @@ class Pipeline:
     handover_s: float
     read_bytes: float
     """Bytes the fetching processes read through syscalls (rchar) in the span."""
+    disk_bytes: float
+    """Bytes they read from block devices (read_bytes: page faults of a memmap too)."""
     in_process: bool
     """The training process fetched its own batches (num_workers=0)."""
     processes: int
@@ -87,6 +89,17 @@ class Pipeline:
         return self.read_bytes / self.samples if self.samples else None
 
     @property
+    def disk_bytes_per_sample(self) -> float | None:
+        return self.disk_bytes / self.samples if self.samples else None
+
+    @property
+    def busy_blocked_share(self) -> float | None:
+        """The fetch's time off CPU as a share of the workers' busy time (fetch and
+        collate, the collate counted as CPU)."""
+        busy = self.fetch_s + self.collate_s
+        return max(0.0, self.fetch_s - self.fetch_cpu_s) / busy if busy > 0 else None
+
+    @property
     def files_per_sample(self) -> float | None:
         return self.files / self.samples if self.samples else None
 
@@ -114,7 +127,7 @@ class Pipeline:
 def pipeline(records: Iterable[dict[str, Any]]) -> Pipeline | None:
     """The stage figures over ``records``, or None when no batch's stages were timed."""
     batches = samples = files = handovers = processes = 0
-    fetch = cpu = collate = idle = handover = read = 0.0
+    fetch = cpu = collate = idle = handover = read = disk = 0.0
     in_process = False
     for rec in records:
         p = _pipe(rec)
@@ -138,10 +151,11 @@ def pipeline(records: Iterable[dict[str, Any]]) -> Pipeline | None:
                                                                            dict) else {}
         role = roles.get("main" if inproc else "worker") if isinstance(roles, dict) else None
         read += _num(role, "rchar_s") * _secs(rec)
+        disk += _num(role, "read_bytes_s") * _secs(rec)
     if batches == 0:
         return None
     return Pipeline(batches, samples, fetch, cpu, collate, idle, files, handovers, handover,
-                    read, in_process, processes)
+                    read, disk, in_process, processes)
 
 
 def stage_series(records: Sequence[dict[str, Any]]) -> list[dict[str, float]]:

@@ -106,3 +106,7 @@ of them cannot shorten the wait that is left (hand-over, epoch starts)."""
 READS_DATA_BYTES = 1024.0
 """A fetch that reads under 1 KiB per sample through syscalls, in no file, reads no
 dataset: what it blocks on is not storage."""
+HANDOVER_SHARE = 0.5
+"""With the workers idle, the wait is the hand-over's when the batches' hand-over and the
+epochs' first batches make half of it or more; else the workers idle behind one slow
+batch (batches come back in order)."""

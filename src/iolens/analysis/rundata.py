@@ -20,7 +20,7 @@ from iolens.analysis.longrun import (
     fold_records,
     is_duplicate,
 )
-from iolens.recorder.rundir import META, RECORDS, SCHEMA_VERSION
+from iolens.rundir import META, RECORDS, SCHEMA_VERSION
 
 
 @dataclass

@@ -377,14 +377,20 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
 
 def served_storage(meta: dict[str, Any]) -> list[dict[str, Any]]:
     """What serves the dataset, from meta.json (NOTE [dataset folders] in
-    iolens/recorder/storage.py): ``{"mount", "fstype", "device", "kind"}`` each."""
+    iolens/recorder/storage.py), the dataset's first (the most files opened there):
+    ``{"mount", "fstype", "device", "kind", "disks", "page_cache_visible", "mapped"}``."""
     out = []
     for s in meta.get("storage") or []:
         if isinstance(s, dict) and isinstance(s.get("mount"), str):
             dev = s.get("device")
+            kind = str(s.get("kind") or ("block" if dev else "other"))
+            disks = [d for d in s.get("disks") or [] if isinstance(d, str)]
             out.append({"mount": s["mount"], "fstype": str(s.get("fstype") or ""),
-                        "device": dev if isinstance(dev, str) else None,
-                        "kind": str(s.get("kind") or ("block" if dev else "other"))})
+                        "device": dev if isinstance(dev, str) else None, "kind": kind,
+                        "disks": disks or ([dev] if isinstance(dev, str) else []),
+                        "page_cache_visible": s.get("page_cache_visible") is not False
+                        and kind not in ("fuse", "nfs", "tmpfs"),
+                        "mapped": s.get("mapped") is True})
     return out
 
 
@@ -527,8 +533,10 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
     storage = "the storage not saturated" if measured else "the storage not measured"
     pipe = pipeline(win)
     idle_workers = pipe is not None and (pipe.worker_idle_share or 0.0) >= rules.WORKERS_IDLE
-    blocked = pipe is not None and (pipe.fetch_blocked_share or 0.0) >= rules.FETCH_BLOCKED
-    on_cpu = pipe is not None and (pipe.fetch_cpu_share or 0.0) >= rules.FETCH_CPU
+    # Of the workers' busy time (fetch and collate, the collate counted as CPU): a light
+    # read beside a heavy collate is not storage's doing.
+    blocked = pipe is not None and (pipe.busy_blocked_share or 0.0) >= rules.FETCH_BLOCKED
+    on_cpu = pipe is not None and (1 - (pipe.busy_blocked_share or 0.0)) >= rules.FETCH_CPU
     if best is not None:
         load, own = best
         v.cls, v.devices = "storage-bound", [load.name]
@@ -576,9 +584,9 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         v.recommendations.append(Recommendation(
             "lift the I/O limit (cgroup io.max / blkio throttle) or copy the dataset to "
             "local storage or RAM first", "reads wait above the block device", ceiling))
-    elif pipe is not None and idle_workers:
+    elif pipe is not None and idle_workers and _handover_share(pipe, win) >= rules.HANDOVER_SHARE:
         _handover_bound(v, pipe, win, share=share, when=when, workers=workers)
-    elif (pipe is not None and on_cpu) or (pipe is None and workers and (
+    elif (pipe is not None and on_cpu and not idle_workers) or (pipe is None and workers and (
             worker_cpu >= rules.WORKER_CPU_BUSY or (
                 worker_cpu >= rules.WORKER_CPU_SOME and idle is not None
                 and idle < rules.MACHINE_IDLE_LOW))):
@@ -621,12 +629,22 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
                               f"training process itself (num_workers=0){when}")
         v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
         if pipe is not None:
+            reads = reads_dataset(pipe, v.storage)
             v.evidence.append(fetch_text(pipe) + (
                 "; it reads no dataset file while it waits (a sleep, a remote call, a lock)"
-                if blocked and not reads_dataset(pipe) else
+                if blocked and not reads else
                 "; the storage it reads answers fast and the workers are seldom blocked on "
                 "I/O: they wait on something else (a sleep, a remote call, a lock)"
-                if blocked else ""))
+                if blocked and measured and v.storage else ""))
+            if idle_workers:
+                v.evidence.append(
+                    f"the workers idle {(pipe.worker_idle_share or 0) * 100:.0f}% of their "
+                    "time while the loop waits: batches come back in order, so one slow "
+                    "batch holds back those made after it")
+                v.recommendations.append(Recommendation(
+                    "let batches be handed over as they are made: DataLoader(in_order=False) "
+                    "(torch 2.6 and later), and a larger prefetch_factor",
+                    "the workers wait idle behind a slow batch", ceiling))
         target = _more_workers(workers, worker_cpu, cpus, idle)
         if target > workers:
             v.recommendations.append(Recommendation(
@@ -651,29 +669,47 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         v.windows.append(window)
 
 
-def reads_dataset(pipe: Pipeline) -> bool:
-    """Whether the fetch reads files or bytes enough to be reading a dataset."""
-    return bool(pipe.files) or (pipe.bytes_per_sample or 0.0) >= rules.READS_DATA_BYTES
+def reads_dataset(pipe: Pipeline, storage: Sequence[dict[str, Any]] = ()) -> bool:
+    """Whether the fetch reads files or bytes enough to be reading a dataset: files
+    opened, bytes read through syscalls, bytes read from a device (page faults of a
+    memmap count there, not in rchar), or a dataset mapped into memory."""
+    return (bool(pipe.files) or (pipe.bytes_per_sample or 0.0) >= rules.READS_DATA_BYTES
+            or (pipe.disk_bytes_per_sample or 0.0) >= rules.READS_DATA_BYTES
+            or any(s.get("mapped") for s in storage[:1]))
 
 
 def _waits_on_storage(pipe: Pipeline, win: Sequence[dict[str, Any]],
                       storage: list[dict[str, Any]], d_share: float) -> bool:
     """Whether a fetch that blocks off CPU blocks on the dataset's storage.
 
-    It must read the dataset. On FUSE or NFS that is enough: those reads are what
-    blocks. On a block device, the device must be slow (r_await) or the job's
-    processes blocked on I/O (state D) in most samples, as under a throttle above
-    the device; a fetch that sleeps or waits on a lock or a remote call sits in
-    state S beside a fast device.
+    It must read the dataset. On FUSE or NFS (the mount the most files were opened
+    on) that is enough: those reads are what blocks. On a block device, the device
+    must be slow (r_await) or the job's processes blocked on I/O (state D) in most
+    samples, as under a throttle above the device; a fetch that sleeps or waits on a
+    lock or a remote call sits in state S beside a fast device.
     """
-    if not reads_dataset(pipe):
+    if not reads_dataset(pipe, storage):
         return False
-    if any(s.get("kind") in ("fuse", "nfs") for s in storage):
+    top = storage[0] if storage else None
+    if top is not None and top.get("kind") in ("fuse", "nfs"):
         return True
     if d_share >= rules.D_STATE_SHARE:
         return True
-    return any(device_load(win, str(s["device"])).r_await >= rules.AWAIT_SLOW_MS
-               for s in storage if s.get("device"))
+    return top is not None and any(device_load(win, d).r_await >= rules.AWAIT_SLOW_MS
+                                   for d in top.get("disks") or [])
+
+
+def _handover_share(pipe: Pipeline, win: Sequence[dict[str, Any]]) -> float:
+    """The part of the loop's data wait that is the batches' hand-over or the epochs' first
+    batches (at most 1: the two overlap in the first batch)."""
+    wait = sum(_sum(r, "data_wait") for r in win)
+    if wait <= 0:
+        return 0.0
+    batches = sum(_num(_train(r), "batches") for r in win)
+    hand = (pipe.handover_s_per_batch or 0.0) * batches
+    starts = sum(_num(x, "sum_s") for r in win
+                 if isinstance(x := _train(r).get("epoch_start_wait"), dict))
+    return min(1.0, (hand + starts) / wait)
 
 
 def fetch_text(pipe: Pipeline) -> str:
@@ -701,7 +737,7 @@ def _bursty(recs: Sequence[dict[str, Any]]) -> str | None:
     if not p50s:
         return None
     p50, p95 = statistics.median(p50s), statistics.median(p95s)
-    if p95 <= 2 * p50 or p95 <= 0:
+    if p95 <= 2 * p50 or p95 < 0.001:  # (under a millisecond: no burst worth a setting)
         return None
     return (f"the workers fall behind in bursts: the p95 wait {p95 * 1000:.1f} ms against a "
             f"median {p50 * 1000:.1f} ms")
@@ -712,12 +748,10 @@ def _storage_from_inside(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any
     """storage-bound from the workers' own timing: the fetch blocks off CPU while reading
     the dataset, whatever serves it (a FUSE or NFS mount, a throttled device)."""
     v.cls = "storage-bound"
-    served = v.storage
-    remote = [s for s in served if s.get("kind") in ("fuse", "nfs")]
-    where = remote[0] if remote else (served[0] if served else None)
-    if where is not None and where.get("device"):
-        v.devices = [str(where["device"])]
-        load = device_load(win, str(where["device"]))
+    where = v.storage[0] if v.storage else None
+    if where is not None and where.get("disks"):
+        v.devices = [str(d) for d in where["disks"]]
+        load = device_load(win, v.devices[0])
         what = (f"{where['mount']} ({where['fstype']} on {where['device']}: "
                 f"{load.util:.0f}% util, r_await {load.r_await:.1f} ms, "
                 f"{load.rMB_s:.1f} MB/s)")
@@ -1047,7 +1081,7 @@ def _noisy_neighbors(timed: Sequence[dict[str, Any]]) -> list[Finding]:
 
 
 def _warm_cache(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
-    if any(s.get("kind") in ("fuse", "nfs", "tmpfs") for s in v.storage):
+    if v.storage and not v.storage[0].get("page_cache_visible", True):
         # Their reads never reach read_bytes: 1 - read_bytes/rchar would claim a cache
         # hit for every byte (NOTE [dataset folders] in iolens/recorder/storage.py).
         return []

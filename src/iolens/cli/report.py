@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from iolens._errors import IolensError
-from iolens.recorder.rundir import write_atomic
+from iolens.rundir import write_atomic
 
 _EPILOG = """\
 formats:

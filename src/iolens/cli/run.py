@@ -8,9 +8,9 @@ import shutil
 import sys
 
 from iolens.cli._checks import INTERVAL_RANGE, check_interval, check_watch
-from iolens.recorder.run import RunOptions
-from iolens.recorder.run import run as run_job
-from iolens.recorder.rundir import RECORDS, default_run_dir
+from iolens.job.run import RunOptions
+from iolens.job.run import run as run_job
+from iolens.rundir import RECORDS, default_run_dir
 from iolens.sinks.base import SinkError
 
 _EPILOG = """\
@@ -152,6 +152,6 @@ def run(ns: argparse.Namespace) -> int:
     try:
         return run_job(opts)
     except SinkError as exc:
-        # NOTE [outputs fail before the job starts] in iolens/recorder/run.py: one line, exit 2.
+        # NOTE [outputs fail before the job starts] in iolens/job/run.py: one line, exit 2.
         print(f"iolens run: error: {exc}; the job was not started", file=sys.stderr)
         return 2

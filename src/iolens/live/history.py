@@ -31,6 +31,8 @@ class Header:
     """Things the user should know (a fallback taken, sampling failures): the last few show."""
     footer: str | None = None
     """A last line, e.g. how to quit."""
+    storage: list[dict[str, Any]] = field(default_factory=list)
+    """What serves the dataset as found so far (meta.json's ``storage``), for the verdict."""
 
 
 class History:

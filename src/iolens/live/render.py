@@ -164,7 +164,7 @@ def header_text(history: History, header: Header, *, plain: bool = False,
             t.append(f"{sep}up {_clock(elapsed)}")
     if history.batches:
         t.append("\n")
-        t.append_text(verdict_text(history, width=width))
+        t.append_text(verdict_text(history, width=width, storage=header.storage))
     pipe = pipeline_text(latest, width=width) if latest is not None else None
     if pipe is not None:
         t.append("\n")
@@ -177,14 +177,15 @@ def header_text(history: History, header: Header, *, plain: bool = False,
     return t
 
 
-def verdict_text(history: History, *, width: int = 120) -> Text:
+def verdict_text(history: History, *, width: int = 120,
+                 storage: list[dict[str, Any]] | None = None) -> Text:
     """The current verdict over the recent window, once it holds enough timed batches."""
     recent = list(history.records)
     batches = sum(_int(_mapping(r.get("train")).get("batches")) for r in recent)
     if batches < rules.MIN_BATCHES:
         return Text(f"verdict: waiting for {rules.MIN_BATCHES} timed batches in the last "
                     f"{len(recent)} intervals ({batches} so far)", style="dim")
-    v = diagnose([dict(r) for r in recent], {"cpus": os.cpu_count()})
+    v = diagnose([dict(r) for r in recent], {"cpus": os.cpu_count(), "storage": storage or []})
     t = Text("verdict now: ", style="bold")
     t.append(v.cls, style=_SEVERITY_STYLE.get(v.severity, "bold"))
     if v.data_wait_share is not None:

@@ -20,8 +20,9 @@ from typing import Any
 from iolens._errors import StatsUnavailableError
 from iolens.core.counters import DiskSnapshot
 from iolens.core.rates import DeviceRates, snapshot_rates
-from iolens.recorder.rundir import SCHEMA_VERSION, RunDir, rfc3339
 from iolens.recorder.storage import StorageWatch
+from iolens.rundir import SCHEMA_VERSION, RunDir, rfc3339
+from iolens.rundir.timing import TimingReader, TrainingAggregator
 from iolens.sinks.state import LiveTotals
 from iolens.sources.devmap import device_for_path
 from iolens.sources.disk import DiskSampler
@@ -35,7 +36,6 @@ from iolens.sources.procfs import (
     cpu_percentages,
 )
 from iolens.sources.procmaps import read_mapped_files
-from iolens.training.timing import TimingReader, TrainingAggregator
 
 # Zombie and dead processes have exited; only their parent has yet to reap them.
 _GONE_STATES = frozenset("ZXx")
@@ -166,6 +166,9 @@ class Recorder:
         self.gpu = GpuReader()
         self.timing = TimingReader(run.timing_dir if run is not None else None)
         self.storage = StorageWatch(proc_root, sys_root)
+        self.storage_now: list[dict[str, Any]] = []
+        """``self.storage.meta()`` as of the last mount found, updated in place (the live
+        verdicts hold this list)."""
         self._maps_seen: dict[int, int] = {}
         self._maps_pass = 0
         """What serves the dataset (NOTE [dataset folders] in iolens/recorder/storage.py)."""
@@ -325,7 +328,10 @@ class Recorder:
         every = max(_DISCOVER_EVERY, math.ceil(_DISCOVER_MIN_S / self.interval))
         if self.discover and self.seq % every == 0:
             self._discover_devices([p for p in samples if p not in self.exclude_pids])
-            self._discover_mapped([p for p in samples if p not in self.exclude_pids])
+            fetch = self.train.fetchers
+            self._discover_mapped([p for p in samples if p in fetch or p in workers])
+            if len(fetch) > 4096:  # workers of past epochs
+                fetch.intersection_update(samples)
         return rec
 
     def _discover_mapped(self, pids: list[int]) -> None:
@@ -341,7 +347,7 @@ class Recorder:
             if seen is None:
                 self._maps_seen[pid] = self._maps_pass
             for path in read_mapped_files(pid, self.proc_root, exclude):
-                self.timing.paths.append(os.path.dirname(path) or "/")
+                self.timing.paths.append((pid, os.path.dirname(path) or "/", 0))
         if len(self._maps_seen) > 4096:  # pids that are gone
             live = set(pids)
             self._maps_seen = {p: n for p, n in self._maps_seen.items() if p in live}
@@ -388,14 +394,14 @@ class Recorder:
         folders, self.timing.paths = self.timing.paths, []
         if not self.discover:
             return
-        for folder in folders:
-            served = self.storage.add(folder)
-            if served is None:
-                continue
+        found = self.storage.add_all(folders)
+        if found or folders:
+            self.storage_now[:] = self.storage.meta()  # (the most opened mount comes first)
+        for served in found:
             for disk in served.disks:
                 if disk not in self.watch:
-                    self.watch[disk] = (f"serves the dataset: the input pipeline opened files "
-                                        f"in {folder}")
+                    self.watch[disk] = (f"serves the dataset: the input pipeline read files "
+                                        f"in {served.folders[0]}")
 
     def _cpu(self) -> dict[str, float]:
         cur = self.system.cpu()

@@ -13,6 +13,7 @@ mountstats figures of nfsiostat). meta.json lists what was found and why.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,8 @@ _FOLDERS_SHOWN = 5
 """Folders listed per mount in meta.json (the rest are counted)."""
 _MOUNTS_MAX = 16
 """Mounts followed at most: a job that opens files everywhere is not a dataset."""
+_FOLDERS_MAX = 4096
+"""Folders remembered at most (each worker notes 64 at most, NOTE [dataset folders])."""
 
 
 def kind_of(fstype: str, device: str | None) -> str:
@@ -68,6 +71,19 @@ class Served:
     more_folders: int = 0
     connection: int | None = None
     daemon: int | None = None
+    _opens: dict[tuple[int, str], int] = field(default_factory=dict)
+    """(pid, folder) -> the most opens that process reported there (0: mapped files)."""
+
+    def count(self, pid: int, folder: str, opens: int) -> None:
+        key = (pid, folder)
+        if opens > self._opens.get(key, -1):
+            self._opens[key] = opens
+
+    @property
+    def opens(self) -> int:
+        """Files opened in this mount's folders, as the processes reported them (at 1, 10,
+        100 ... opens each): the measure of which mount is the dataset's."""
+        return sum(self._opens.values())
     _daemon_prev: tuple[int, ProcIO] | None = None
     _nfs_prev: nfs.NfsMount | None = None  # (a string annotation: nfs loads lazily)
 
@@ -78,6 +94,9 @@ class Served:
                                "page_cache_visible": page_cache_visible(self.kind)}
         if self.more_folders:
             out["more_folders"] = self.more_folders
+        out["opens"] = self.opens
+        if self._opens and not self.opens:
+            out["mapped"] = True  # found in the memory maps (numpy.memmap), not opened
         if self.kind == "fuse":
             out["subtype"] = fuse.fuse_subtype(self.fstype)
             out["connection"] = self.connection
@@ -94,36 +113,67 @@ class StorageWatch:
         self.served: dict[str, Served] = {}
         self.notes: list[str] = []
         self._procs = ProcessTable(proc_root)
-        self._seen: set[str] = set()
+        self._by_folder: dict[str, Served] = {}
 
-    def add(self, folder: str) -> Served | None:
+    def add(self, folder: str, opens: int = 1, pid: int = 0) -> Served | None:
         """Note that the dataset reads ``folder``; returns its mount when it is new."""
-        if folder in self._seen or not is_dataset_path(folder):
-            return None
-        self._seen.add(folder)
-        if len(self.served) >= _MOUNTS_MAX:
-            return None
-        try:
-            m = device_for_path(folder, self.proc_root, self.sys_root)
-        except (OSError, ValueError):
-            return None
-        if not m.mount_point:
-            return None
-        old = self.served.get(m.mount_point)
-        if old is not None:
-            if len(old.folders) < _FOLDERS_SHOWN:
-                old.folders.append(folder)
+        return next(iter(self.add_all([(pid, folder, opens)])), None)
+
+    def add_all(self, folders: list[tuple[int, str, int]]) -> list[Served]:
+        """Note (pid, folder, opens so far) of each folder read; returns the mounts new
+        among them. The mount table is read once for them all, and a folder on a FUSE,
+        NFS or memory filesystem is mapped from it alone: a stat there could hang on a
+        mount whose server is gone."""
+        new: list[Served] = []
+        table: list[MountEntry] | None = None
+        for pid, folder, opens in folders:
+            if not is_dataset_path(folder):
+                continue
+            known = self._by_folder.get(folder)
+            if known is not None:
+                known.count(pid, folder, opens)
+                continue
+            if len(self.served) >= _MOUNTS_MAX or len(self._by_folder) >= _FOLDERS_MAX:
+                continue
+            if table is None:
+                table = read_mountinfo(self.proc_root) or []
+            s = self._map(folder, table)
+            if s is None:
+                continue
+            old = self.served.get(s.mount)
+            if old is not None:
+                s = old
+                if len(s.folders) < _FOLDERS_SHOWN:
+                    s.folders.append(folder)
+                else:
+                    s.more_folders += 1
             else:
-                old.more_folders += 1
-            return None
-        entry = _mount_entry(m.mount_point, self.proc_root)
-        s = Served(m.mount_point, m.fstype, m.device, list(m.disks),
-                   kind_of(m.fstype, m.device), entry.source if entry else "", [folder])
-        if s.kind == "fuse":
+                s.folders.append(folder)
+                self.served[s.mount] = s
+                new.append(s)
+            s.count(pid, folder, opens)
+            self._by_folder[folder] = s
+        return new
+
+    def _map(self, folder: str, table: list[MountEntry]) -> Served | None:
+        entry = _longest_mount(table, folder)
+        if entry is not None and kind_of(entry.fstype, None) in ("fuse", "nfs", "tmpfs"):
+            s = Served(entry.mount_point, entry.fstype, None, [], kind_of(entry.fstype, None),
+                       entry.source)
+        else:
+            try:
+                m = device_for_path(folder, self.proc_root, self.sys_root)
+            except (OSError, ValueError):
+                return None
+            if not m.mount_point:
+                return None
+            entry = next((e for e in reversed(table) if e.mount_point == m.mount_point), None)
+            s = Served(m.mount_point, m.fstype, m.device, list(m.disks),
+                       kind_of(m.fstype, m.device), entry.source if entry else "")
+        if s.kind == "fuse" and s.mount not in self.served:
             with contextlib.suppress(Exception):  # NOTE [never hurt the job]
                 s.connection = fuse.fuse_connection(entry) if entry is not None else None
                 s.daemon = fuse.find_daemon(s.mount, self.proc_root)
-        self.served[s.mount] = s
         return s
 
     def sample(self, seconds: float) -> dict[str, Any]:
@@ -168,16 +218,23 @@ class StorageWatch:
         return fig
 
     def meta(self) -> list[dict[str, Any]]:
-        return [s.to_dict() for s in self.served.values()]
+        """The mounts found, the dataset's first: the most files opened there."""
+        return [s.to_dict() for s in sorted(self.served.values(), key=lambda x: -x.opens)]
 
 
-def _mount_entry(mount_point: str, proc_root: str) -> MountEntry | None:
-    entries = read_mountinfo(proc_root) or []
-    found = None
-    for e in entries:
-        if e.mount_point == mount_point:
-            found = e  # the last one mounted there is the one seen
-    return found
+def _longest_mount(table: list[MountEntry], folder: str) -> MountEntry | None:
+    """The mount that holds ``folder`` by its path alone (the last of the longest mount
+    points: later mounts hide earlier ones); no filesystem is touched."""
+    path = os.path.abspath(folder)
+    best: MountEntry | None = None
+    size = -1
+    for e in table:
+        mp = e.mount_point.rstrip("/") or "/"
+        if path == mp or path.startswith(mp if mp == "/" else mp + "/"):
+            n = len(mp)
+            if n >= size:
+                best, size = e, n
+    return best
 
 
 def storage_kinds(meta: dict[str, Any]) -> list[dict[str, Any]]:

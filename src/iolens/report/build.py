@@ -29,8 +29,8 @@ from typing import Any
 from iolens.analysis.pipeline import pipeline, stage_series
 from iolens.analysis.rundata import RunData
 from iolens.analysis.verdict import device_load, diagnose, rank_figures
-from iolens.training import records as trecords
-from iolens.training.timing import TimingReader, TrainingAggregator
+from iolens.rundir import records as trecords
+from iolens.rundir.timing import TimingReader, TrainingAggregator
 
 REPORT_SCHEMA = 1
 # Above this many bytes of per-batch timing files, distributions come from the
@@ -73,8 +73,9 @@ def _pipeline(recs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 def cache_blind(meta: dict[str, Any]) -> str | None:
     """Why the page-cache hit (``1 - read_bytes/rchar``) does not hold for this run's
     dataset, or None when it does: reads of FUSE, NFS or tmpfs never reach read_bytes."""
-    for s in meta.get("storage") or []:
-        if isinstance(s, dict) and s.get("page_cache_visible") is False:
+    served = [s for s in meta.get("storage") or [] if isinstance(s, dict)]
+    for s in served[:1]:  # the dataset's: the most files opened there
+        if s.get("page_cache_visible") is False:
             return (f"the dataset is on {s.get('mount')} ({s.get('fstype')}), whose reads never "
                     "count in read_bytes: the page-cache hit 1 - read_bytes/rchar does not hold "
                     "there")

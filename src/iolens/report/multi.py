@@ -14,8 +14,8 @@ from typing import Any
 from iolens._errors import IolensError
 from iolens.analysis.rundata import load_run
 from iolens.analysis.verdict import straggler
-from iolens.recorder.rundir import META, RECORDS
 from iolens.report.build import REPORT_SCHEMA, build_report
+from iolens.rundir import META, RECORDS
 
 
 def is_run(path: str) -> bool:

@@ -37,7 +37,7 @@ import stat
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from iolens.recorder.rundir import append_whole, replace_with_new
+from iolens.rundir import append_whole, replace_with_new
 from iolens.sinks.base import SinkError
 
 BASE_COLUMNS = ("time", "t", "elapsed_s", "interval_s", "seq")
@@ -109,7 +109,7 @@ def row(record: Mapping[str, Any], devices: Sequence[str], gpus: Sequence[int]) 
 def _open_csv(path: str) -> int:
     """``path`` emptied for writing, never through a link; SinkError says why not.
 
-    NOTE [no writes through links] in iolens/recorder/rundir.py: a symlink
+    NOTE [no writes through links] in iolens/rundir/__init__.py: a symlink
     to a file is refused (it may have been planted towards another file; the
     user names the file itself); a file with other hard links is replaced by
     a new one, so the other names keep their content. A stream the user names

@@ -21,16 +21,22 @@ _MAX_BYTES = 4 << 20
 def mapped_files(text: str, exclude: tuple[str, ...] = ()) -> list[str]:
     """The data files mapped in ``text`` (a maps file): absolute paths, once each, in order.
 
-    Shared libraries, Python's own files, system folders, anonymous and special
+    Programs and shared libraries (any file with an executable mapping, and names
+    that say so), Python's own files, system folders, anonymous and special
     mappings (``[heap]``, ``(deleted)``) and paths under ``exclude`` are left out.
     Lines that do not have the maps format are skipped.
     """
     out: dict[str, None] = {}
+    code: set[str] = set()
+    """Files with an executable mapping: programs and libraries, whatever their name."""
     for line in text.splitlines():
         parts = line.split(None, 5)
         if len(parts) < 6:
             continue
         path = parts[5]
+        if "x" in parts[1]:
+            code.add(path)
+            continue
         if not path.startswith("/") or path.endswith(" (deleted)"):
             continue
         name = os.path.basename(path)
@@ -39,7 +45,7 @@ def mapped_files(text: str, exclude: tuple[str, ...] = ()) -> list[str]:
         if exclude and path.startswith(exclude):
             continue
         out.setdefault(path, None)
-    return list(out)
+    return [p for p in out if p not in code]
 
 
 def read_mapped_files(pid: int, proc_root: str = "/proc",

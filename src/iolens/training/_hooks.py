@@ -27,8 +27,7 @@ from typing import Any
 
 # (imported now: a job whose interpreter lacks iolens has it on sys.path only while the
 # bootstrap imports this module)
-from iolens.recorder.rundir import append_whole, open_append, write_atomic
-from iolens.training import records
+from iolens.rundir import append_whole, open_append, records, write_atomic
 
 _now = time.monotonic_ns
 
@@ -65,8 +64,9 @@ class TimingWriter:
         self.pid = os.getpid()
         self._fd: int | None = None
         self._pfd: int | None = None
-        self.paths: list[str] = []
-        """Folders the dataset was read from, not yet written (NOTE [dataset folders])."""
+        self.paths: list[tuple[str, int]] = []
+        """Folders the dataset was read from and their opens so far, not yet written (NOTE
+        [dataset folders])."""
         self.dropped = 0
         self.written = 0
         self.error: str | None = None
@@ -121,7 +121,7 @@ class TimingWriter:
         try:
             if self._pfd is None:
                 self._pfd = open_append(os.path.join(self._folder(), f"{self.pid}.paths"))
-            data = "".join(json.dumps(p) + "\n" for p in lines).encode()
+            data = "".join(json.dumps(list(p)) + "\n" for p in lines).encode()
             append_whole(self._pfd, data, os.fstat(self._pfd).st_size)
         except (OSError, ValueError):
             pass  # the folders are a hint; the records matter more
@@ -144,7 +144,7 @@ class TimingWriter:
         """The timing directory, made if missing; OSError when a symlink stands in its place.
 
         The files in it are never written through a link either: NOTE [no writes
-        through links] in iolens/recorder/rundir.py. The spare folder is made private
+        through links] in iolens/rundir/__init__.py. The spare folder is made private
         (0700), and one this user does not own is refused.
         """
         if self.moved is None:
@@ -446,35 +446,26 @@ _cpu = time.thread_time_ns
 _PATHS_MAX = 64
 """At most this many dataset folders per process (an ImageNet tree has 1000)."""
 _NOT_DATA = (".py", ".pyc", ".so")
+_KERNEL_FS = ("/proc/", "/sys/", "/dev/")
+_MARKS = frozenset(10 ** k for k in range(10))
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | getattr(os, "O_TMPFILE", 0)
 
 
 class _StageClock:
     """One process's timing of the batch it is fetching now."""
 
-    __slots__ = (
-        "auto",
-        "cpu_col",
-        "cpu_got",
-        "dirs",
-        "files",
-        "files_got",
-        "ignore",
-        "samples",
-        "t_col",
-        "t_col_end",
-        "t_free",
-        "t_got",
-        "writer",
-    )
+    __slots__ = ("auto", "cpu_col", "cpu_got", "dirs", "files", "files_got", "idle", "ignore",
+                 "samples", "t_col", "t_col_end", "t_got", "writer")
 
     def __init__(self, writer: TimingWriter, auto: bool) -> None:
         self.writer = writer
         self.auto = auto
-        self.t_free = _now()
         self.t_got = self.cpu_got = self.t_col = self.cpu_col = self.t_col_end = 0
+        self.idle = 0
+        """ns spent waiting in the index queue's get since the last batch was made."""
         self.samples = self.files = self.files_got = 0
-        self.dirs: set[str] = set()
+        self.dirs: dict[str, list[Any]] = {}
+        """Folder as opened -> [its absolute path, or None when it is not data; opens]."""
         self.ignore = tuple(d for d in (writer.directory, writer.spare) if d)
 
     def got(self) -> None:
@@ -489,35 +480,46 @@ class _StageClock:
         """The batch is made: write its four records (only if its collate ran)."""
         if self.t_got and self.t_col_end:
             w = self.writer
-            # In the training process itself (ready False) nothing waits for indices.
-            idle = self.t_got - self.t_free if ready else 0
             w.buf.extend((records.FETCH, self.t_col - self.t_got, self.cpu_col - self.cpu_got,
-                          records.STAGE, self.t_col_end - self.t_col, idle,
+                          records.STAGE, self.t_col_end - self.t_col, self.idle,
                           records.COUNT, self.samples, self.files - self.files_got))
             if ready:
                 w.buf.extend((records.READY, idx, t))
         self.t_got = 0
+        self.idle = 0
 
     def opened(self, path: Any, mode: Any, flags: Any) -> None:
-        """The audit hook saw a file opened (NOTE [dataset folders]): a read counts."""
+        """The audit hook saw a file opened (NOTE [dataset folders]): a read of data counts.
+
+        Left out: opens for writing (a checkpoint, a log; O_TMPFILE, which also carries
+        O_DIRECTORY's bit, is multiprocessing's temporary files), Python's own files,
+        multiprocessing's folders, the kernel's filesystems and iolens' timing folder.
+        A folder is noted when its opens reach 1, 10, 100 ... so that the recorder can
+        tell the dataset from a folder a library read a file in once.
+        """
         if ((mode.__class__ is str and ("w" in mode or "a" in mode or "x" in mode or "+" in mode))
                 or (flags.__class__ is int and flags & _WRITE_FLAGS)):
-            return  # a checkpoint, a log, multiprocessing's own temporary files
-        self.files += 1
-        if len(self.dirs) >= _PATHS_MAX:
             return
-        if isinstance(path, bytes):
+        if path.__class__ is bytes:
             path = os.fsdecode(path)
-        if not isinstance(path, str) or path.endswith(_NOT_DATA) or "/pymp-" in path:
+        if path.__class__ is not str or path.endswith(_NOT_DATA) or "/pymp-" in path:
+            return  # (an fd, a dir_fd-relative name: no folder to tell)
+        folder = path.rpartition("/")[0] if "/" in path else "."
+        entry = self.dirs.get(folder or "/")
+        if entry is None:
+            if len(self.dirs) >= _PATHS_MAX:
+                self.files += 1
+                return
+            full = os.path.abspath(folder or "/")
+            data = (not full.startswith(_KERNEL_FS) or full.startswith("/dev/shm/")) \
+                and full not in ("/proc", "/sys", "/dev") and not full.startswith(self.ignore)
+            entry = self.dirs[folder or "/"] = [full if data else None, 0]
+        if entry[0] is None:
             return
-        folder = path.rpartition("/")[0] or "."
-        if folder in self.dirs:
-            return
-        self.dirs.add(folder)
-        full = os.path.abspath(folder)
-        if (not full.startswith(("/proc/", "/sys/", "/dev/")) or full.startswith("/dev/shm/")) \
-                and not full.startswith(self.ignore):
-            self.writer.paths.append(full)
+        self.files += 1
+        n = entry[1] = entry[1] + 1
+        if n in _MARKS:
+            self.writer.paths.append((entry[0], n))
 
 
 _clock: _StageClock | None = None
@@ -567,24 +569,32 @@ class _TimedIndexQueue:
     def get(self, *args: Any, **kwargs: Any) -> Any:
         c = self._c
         w = c.writer
-        if w.buf:
-            # Work waiting is taken at once, as torch's own get would (one poll either
-            # way). None waiting: the worker is ahead and about to idle, so hand the
-            # figures over now, while nothing waits for it; a worker that the process
-            # ends at exit (multiprocessing terminates daemonic children) would
-            # otherwise lose its last batches.
-            try:
-                r = self._q.get(False)
-            except queue.Empty:
-                try:  # (as in put: plain try costs nothing when nothing fails)  # noqa: SIM105
-                    w.flush()
-                except Exception:  # noqa: BLE001 - NOTE [never hurt the job]
-                    pass
+        t0 = _now()
+        try:
+            if w.buf:
+                # Work waiting is taken at once, as torch's own get would (one poll
+                # either way). None waiting: the worker is ahead and about to idle, so
+                # hand the figures over now, while nothing waits for it; a worker that
+                # the process ends at exit (multiprocessing terminates daemonic
+                # children) would otherwise lose its last batches.
+                try:
+                    r = self._q.get(False)
+                except queue.Empty:
+                    try:  # (as in put: plain try costs nothing when nothing fails)  # noqa: SIM105
+                        w.flush()
+                    except Exception:  # noqa: BLE001 - NOTE [never hurt the job]
+                        pass
+                    r = self._q.get(*args, **kwargs)
+            else:
                 r = self._q.get(*args, **kwargs)
-        else:
-            r = self._q.get(*args, **kwargs)
+        except BaseException:
+            c.idle += _now() - t0  # (torch's get times out every 5 s while idle)
+            raise
         if type(r) is tuple:  # (idx, indices); None and _ResumeIteration are not batches
             c.got()
+            c.idle += c.t_got - t0
+        else:
+            c.idle += _now() - t0
         return r
 
     def __getattr__(self, name: str) -> Any:
@@ -603,16 +613,20 @@ class _TimedDataQueue:
     def put(self, obj: Any, *args: Any, **kwargs: Any) -> Any:
         c = self._c
         t = _now()
-        try:
+        try:  # (not contextlib.suppress: this runs for every batch)
             if type(obj) is tuple and len(obj) == 2 and type(obj[0]) is int:
                 c.emit(obj[0], t, True)
-            w = c.writer
-            if t - w.last_flush > w.flush_ns:
-                w.flush(t)
         except Exception:  # noqa: BLE001 - NOTE [never hurt the job]
             pass
-        c.t_free = t
-        return self._q.put(obj, *args, **kwargs)
+        r = self._q.put(obj, *args, **kwargs)
+        w = c.writer
+        if t - w.last_flush > w.flush_ns:
+            # After the put: the batch is on its way before the write.
+            try:  # noqa: SIM105
+                w.flush(t)
+            except Exception:  # noqa: BLE001 - NOTE [never hurt the job]
+                pass
+        return r
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._q, name)

@@ -9,7 +9,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from iolens.training import records
+from iolens.rundir import records
+from iolens.sources.procfs import pid_alive
 
 
 def distribution(values_ns: list[int]) -> dict[str, float]:
@@ -98,12 +99,16 @@ class TrainingAggregator:
     """(worker pid, ..) -> hand-over times: READY records not yet joined, keyed by
     (training process pid, loader tag, batch index) once the worker's loader is known
     and by (-worker pid, 0, batch index) until then."""
-    _waiting: list[tuple[int, int, int, int, int]] = field(default_factory=list)
-    """HANDOVER records not yet joined: (pid, tag, batch index, next() called, returned)."""
+    _waiting: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
+    """HANDOVER records not yet joined: (pid, tag, batch index, next() called, returned,
+    when its epoch started)."""
     _epoch_at: dict[tuple[int, int], int] = field(default_factory=dict)
     _latest: int = 0
     """The latest time seen in any record (ns), which ages the unjoined ones."""
     _in_process: set[int] = field(default_factory=set)
+    fetchers: set[int] = field(default_factory=set)
+    """Processes that have fetched batches (DataLoader workers, or a training process with
+    num_workers=0): those whose files are the dataset's."""
 
     def feed(self, pid: int, recs: array[int]) -> None:
         """Add records (a flat array of kind, a, b triples) from process ``pid``."""
@@ -170,6 +175,7 @@ class TrainingAggregator:
             st.fetch_cpu_ns += min(a, b)  # the CPU clock ticks coarser than the wall one
             st.fetch_max_ns = max(st.fetch_max_ns, a)
             st.pids.add(pid)
+            self.fetchers.add(pid)
             if pid not in self.worker_loader:
                 self._in_process.add(pid)
         elif rtype == records.STAGE:
@@ -192,14 +198,14 @@ class TrainingAggregator:
             loader = self.worker_loader.get(pid)
             k = (loader[0], loader[1], a) if loader else (-pid, 0, a)
             self._ready.setdefault(k, []).append(b)
-            self._latest = max(self._latest, b)
         elif rtype == records.HANDOVER:
             stream = self._streams.get((pid, tag))
             end = stream.last_end if stream is not None else None
             if a < 0 or end is None or end < b:
                 self.skipped += 1
                 return
-            self._waiting.append((pid, tag, a, b, end))
+            # The epoch it belongs to starts where its loader's latest epoch started now.
+            self._waiting.append((pid, tag, a, b, end, self._epoch_at.get((pid, tag), 0)))
             self._latest = max(self._latest, end)
 
     def _join(self) -> None:
@@ -213,9 +219,8 @@ class TrainingAggregator:
                     self._ready.pop(k))
         keep = []
         for item in self._waiting:
-            pid, tag, idx, called, ret = item
+            pid, tag, idx, called, ret, since = item
             times = self._ready.get((pid, tag, idx))
-            since = self._epoch_at.get((pid, tag), 0)
             best = max((t for t in times or () if since <= t <= ret), default=None)
             if best is not None and times is not None:
                 times.remove(best)
@@ -295,11 +300,13 @@ class TimingReader:
         self.directory = directory
         self.spare = spare
         self._offsets: dict[str, int] = {}
+        self._done: set[str] = set()
         self.pids: set[int] = set()
         """Processes that have written timing records: those running the training loop."""
-        self.paths: list[str] = []
-        """Folders the job's input pipeline opened files in, not yet taken (NOTE [dataset
-        folders] in iolens/training/_hooks.py); the recorder empties it."""
+        self.paths: list[tuple[int, str, int]] = []
+        """(pid, folder, opens so far): folders the job's input pipeline opened files in,
+        not yet taken (NOTE [dataset folders] in iolens/training/_hooks.py); the recorder
+        empties it."""
 
     def poll(self, into: TrainingAggregator) -> int:
         """Feed every whole record written since the last poll; returns how many."""
@@ -316,12 +323,14 @@ class TimingReader:
                 pid = timing_pid(name)
                 if pid is not None:
                     paths.append((pid, os.path.join(directory, name)))
-                elif name.endswith(".paths"):
-                    self._read_paths(os.path.join(directory, name))
+                elif name.endswith(".paths") and timing_pid(name[:-6] + ".bin") is not None:
+                    self._read_paths(int(name[:-6]), os.path.join(directory, name))
         count = 0
         # Workers' records after the training processes': their loader is then known.
         paths.sort(key=lambda p: p[0] not in self.pids)
         for pid, path in paths:
+            if path in self._done:
+                continue
             offset = self._offsets.get(path, 0)
             try:
                 with open(path, "rb") as fh:
@@ -331,6 +340,10 @@ class TimingReader:
                 continue
             whole = len(data) - len(data) % records.RECORD_BYTES
             if not whole:
+                if not data and not pid_alive(pid):
+                    # Its process is gone and all it wrote is read: not opened again (a
+                    # run with workers started anew each epoch leaves many such files).
+                    self._done.add(path)
                 continue
             recs = array("q")
             recs.frombytes(data[:whole])
@@ -342,7 +355,7 @@ class TimingReader:
             count += whole // records.RECORD_BYTES
         return count
 
-    def _read_paths(self, path: str) -> None:
+    def _read_paths(self, pid: int, path: str) -> None:
         offset = self._offsets.get(path, 0)
         try:
             with open(path, "rb") as fh:
@@ -356,8 +369,11 @@ class TimingReader:
         self._offsets[path] = offset + whole
         for line in data[:whole].splitlines():
             try:
-                folder = json.loads(line)
-            except ValueError:
+                item = json.loads(line)
+            except (ValueError, RecursionError):
                 continue
-            if isinstance(folder, str) and folder.startswith("/"):
-                self.paths.append(folder)
+            folder, opens = (item, 1) if isinstance(item, str) else (
+                item if isinstance(item, list) and len(item) == 2 else (None, 0))
+            if (isinstance(folder, str) and folder.startswith("/") and type(opens) is int
+                    and opens >= 0):
+                self.paths.append((pid, folder, opens))

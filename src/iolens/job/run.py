@@ -38,7 +38,9 @@ import iolens
 from iolens.analysis.verdict import diagnose, verdict_lines
 from iolens.live.history import Header
 from iolens.live.view import LiveView, is_terminal
-from iolens.recorder.rundir import (
+from iolens.recorder.sampler import Recorder
+from iolens.recorder.summary import summarize, summary_lines
+from iolens.rundir import (
     RECORDS,
     RunDir,
     append_whole,
@@ -46,8 +48,6 @@ from iolens.recorder.rundir import (
     rfc3339,
     write_atomic,
 )
-from iolens.recorder.sampler import Recorder
-from iolens.recorder.summary import summarize, summary_lines
 from iolens.sinks.base import CallbackSink, FanOut, Sink
 from iolens.sinks.state import LiveTotals, job_rank
 from iolens.sources.devmap import device_for_path
@@ -102,6 +102,9 @@ class Outputs:
     totals: LiveTotals | None = None
     """The cumulative state the Prometheus endpoint serves."""
     exporter: Exporter | None = None
+    storage: list[dict[str, Any]] = field(default_factory=list)
+    """What serves the dataset as found so far, kept up to date by the recorder in place:
+    the live verdicts (the endpoint's and the view's) read it."""
 
     def close(self) -> None:
         """Stop the endpoint (the sinks are closed through the fan-out)."""
@@ -133,7 +136,8 @@ def open_outputs(opts: RunOptions, watch: dict[str, str],
             job = opts.job or os.path.basename(os.path.normpath(opts.out)) or "iolens"
             out.exporter = start_exporter(
                 opts.prometheus, out.totals.latest, ExportLabels(socket.gethostname(), job, rank),
-                {"cpus": os.cpu_count(), "instrumented": opts.instrument})
+                {"cpus": os.cpu_count(), "instrumented": opts.instrument,
+                 "storage": out.storage})
         if opts.csv is not None:
             from iolens.sinks.csvfile import CsvSink  # noqa: PLC0415 - only when asked for
 
@@ -266,6 +270,7 @@ def run(opts: RunOptions) -> int:
                                 totals=outputs.totals,
                                 adopter=os.getpid() if _become_subreaper() else None)
             recorder.timing.spare = spare
+            recorder.storage_now = outputs.storage
             # One list of notes: the recorder's, the watch's and the sinks' (meta.json).
             recorder.notes.extend(fan.notes)
             fan.notes = recorder.notes
@@ -476,7 +481,8 @@ def _live_view(opts: RunOptions, recorder: Recorder, run_dir: RunDir, pid: int) 
     view = LiveView(recorder.watch, Header(
         title="iolens run", command=shlex.join(opts.command), pid=pid, run_dir=run_dir.path,
         gpu_reason=None if recorder.gpu.available else recorder.gpu.reason,
-        notes=recorder.notes, footer="Ctrl-C stops the job; the verdict follows"))
+        notes=recorder.notes, footer="Ctrl-C stops the job; the verdict follows",
+        storage=recorder.storage_now))
     view.start()  # never raises; on failure the run goes on without a view
     return view
 

@@ -1,6 +1,6 @@
 """The sidecar that ``iolens.monitor()`` starts: records a process that is already running.
 
-    python -m iolens.recorder.sidecar --pid PID --out DIR [--interval S] [--path P] [--device D]
+    python -m iolens.job.sidecar --pid PID --out DIR [--interval S] [--path P] [--device D]
 
 It samples like ``iolens run`` does, with PID as the root of the job's
 process tree, until it reads ``stop`` (or end of file) on its standard input,
@@ -24,9 +24,9 @@ import signal
 import sys
 import time
 
-from iolens.recorder.run import UNFINISHED, finish_run, initial_watch
-from iolens.recorder.rundir import RunDir
+from iolens.job.run import UNFINISHED, finish_run, initial_watch
 from iolens.recorder.sampler import Recorder
+from iolens.rundir import RunDir
 from iolens.sources.procfs import pid_alive
 
 
@@ -87,7 +87,7 @@ def _glued(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m iolens.recorder.sidecar")
+    ap = argparse.ArgumentParser(prog="python -m iolens.job.sidecar")
     ap.add_argument("--pid", type=int, required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--interval", type=float, default=1.0)

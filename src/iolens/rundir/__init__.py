@@ -1,5 +1,12 @@
 """The run directory: ``meta.json`` plus one JSON line per interval in ``records.jsonl``.
 
+The format's one home, at the bottom of the house: it imports nothing of
+iolens, and everything that writes or reads a run (the training side in the
+job's processes, the recorder, the sinks, the analysis) imports it. The
+binary timing records of ``timing/<pid>.bin`` are :mod:`iolens.rundir.records`;
+the record schema is SCHEMA_VERSION below (2 adds ``train.pipeline`` and
+``storage``; schema 1 runs read as before).
+
 Each line is written with a single ``write`` on an O_APPEND descriptor, so
 a run killed at any moment leaves a file every complete line of which
 parses. A write that fails (full disk, read-only filesystem) is counted
