@@ -177,3 +177,6 @@ def test_checkpoints_that_flood_the_disk_are_a_write_stall(tmp_path: Path) -> No
     assert "writes by the training process" in v["evidence"][0]
     assert "asynchronously" in v["recommendations"][0]["action"]
     assert report["devices"][disk.loop_name]["util_max_pct"] >= 90
+    # Watched from the first checkpoint opened there, not only when a scan of the open
+    # files happens to catch one open.
+    assert "the job writes files in" in report["devices"][disk.loop_name]["why"]

@@ -236,14 +236,31 @@ def test_devices_the_job_opens_files_on_are_watched(tmp_path: Path) -> None:
     from tests.test_devmap import mounted_loop
 
     with mounted_loop(tmp_path, tmp_path / "mnt") as (dev, mnt):
-        code = f"f = open({str(mnt / 'data.bin')!r}, 'wb'); import time; time.sleep(1.5)"
-        out = iolens_run(tmp_path, "--out", "run", "--interval", "0.1", "--", sys.executable,
-                         "-c", code)
+        # Not Python (no audit hook): found by the scan of the job's open files.
+        out = iolens_run(tmp_path, "--out", "run", "--interval", "0.1", "--", "bash", "-c",
+                         f"exec 3>{mnt / 'data.bin'}; sleep 1.5")
     assert out.returncode == 0, out.stderr
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     name = Path(dev).name
     assert meta["devices"][name].startswith("the job reads or writes")
     assert any(name in r["devices"] for r in records(tmp_path / "run"))
+
+
+def test_a_python_job_writing_a_file_has_its_device_watched_from_the_open(
+        tmp_path: Path) -> None:
+    """A Python job's file opened for writing (a checkpoint) notes its folder at once: the
+    device is watched from then on, even if the file is closed before any scan."""
+    from tests.test_devmap import mounted_loop
+
+    with mounted_loop(tmp_path, tmp_path / "mnt") as (dev, mnt):
+        code = (f"import time; open({str(mnt / 'ckpt.bin')!r}, 'wb').close(); "
+                "time.sleep(1.0)")
+        out = iolens_run(tmp_path, "--out", "run", "--interval", "0.1", "--", sys.executable,
+                         "-c", code)
+    assert out.returncode == 0, out.stderr
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    name = Path(dev).name
+    assert meta["devices"][name] == f"the job writes files in {mnt}"
 
 
 def test_sidecar_takes_a_command_line_with_options() -> None:

@@ -119,3 +119,34 @@ def test_writer_moves_to_the_spare_folder_and_the_reader_follows(tmp_path: Path)
     assert TimingReader(str(timing), spare=str(spare)).poll(agg) == 2
     assert TimingReader(str(timing)).poll(TrainingAggregator()) == 1
     w.close()
+
+
+def test_an_instrumented_plain_iterable_is_marked() -> None:
+    agg = TrainingAggregator()
+    tag = 1 << records.TAG_SHIFT
+    agg.feed(7, recs((records.EPOCH | tag, 0, 0), (records.ITERABLE | tag, 1, 0),
+                     (records.BATCH | tag, 0, MS)))
+    out = agg.take()
+    assert out["iterable_loader"] is True and out["batches"] == 1
+    assert "iterable_loader" not in agg.take()
+
+
+def test_the_writer_never_writes_through_a_descriptor_the_job_replaced(tmp_path: Path) -> None:
+    """A worker that closes its descriptors or puts another file under the timing file's
+    number: the next flush opens the timing file anew and leaves the other file alone."""
+    w = TimingWriter(str(tmp_path / "timing"))
+    w.buf.extend((records.STEP, 1, 0))
+    w.flush()
+    fd = w._fd
+    assert fd is not None
+    victim = tmp_path / "victim.bin"
+    vfd = os.open(victim, os.O_RDWR | os.O_CREAT)
+    os.dup2(vfd, fd)  # the job's file now sits under the writer's number
+    w.buf.extend((records.STEP, 2, 0))
+    w.flush()
+    assert victim.read_bytes() == b""  # not written through
+    assert (tmp_path / "timing" / f"{os.getpid()}.bin").stat().st_size == 2 * 24
+    w.close()
+    assert os.fstat(fd).st_ino == os.fstat(vfd).st_ino  # the job's file, not closed by us
+    os.close(fd)
+    os.close(vfd)

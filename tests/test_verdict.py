@@ -441,3 +441,15 @@ def test_a_memmapped_dataset_counts_as_read_from_its_page_faults() -> None:
     assert v.cls == "storage-bound", v.evidence
     assert v.devices == ["vda"]  # the disk whose counters show it, not the partition
     assert "r_await 25.0 ms" in v.evidence[0]
+
+
+def test_a_plain_iterable_is_not_told_to_raise_num_workers() -> None:
+    """A generator wrapped with iolens.instrument() has no num_workers to raise."""
+    recs = run_of(workers=0, wait=0.05, step=0.1)
+    for r in recs[:1]:
+        r["train"]["iterable_loader"] = True
+    v = diagnose(recs, META)
+    assert v.cls == "loader-starved"
+    assert "not a torch DataLoader" in v.evidence[0]
+    assert not any("num_workers from" in r.action for r in v.recommendations)
+    assert "IterableDataset" in v.recommendations[0].action

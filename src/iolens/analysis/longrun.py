@@ -172,6 +172,9 @@ def record_problem(rec: Any) -> str | None:
             elif k == "step_source":
                 if not isinstance(v, str):
                     return f"train.step_source is {_show(v)}"
+            elif k == "iterable_loader":
+                if not isinstance(v, bool):
+                    return f"train.iterable_loader is {_show(v)}"
             elif k in _TRAIN_FIGURES and _not_figure(v):
                 return f"train.{k} is {_show(v)}"
     storage = rec.get("storage")
@@ -218,7 +221,8 @@ _LONG_DIGITS = b"0" * 20
 _TOP_KEYS = frozenset({"time", "t", "elapsed_s", "interval_s", "seq", "merged", "schema",
                        *_FIGURES, "job", "train", "gpu", "storage"})
 _JOB_KEYS = _JOB_FIGURES | {"roles", "states"}
-_TRAIN_KEYS = _TRAIN_FIGURES | set(_TRAIN_MAPS) | {"ranks", "step_source", "pipeline"}
+_TRAIN_KEYS = _TRAIN_FIGURES | set(_TRAIN_MAPS) | {"ranks", "step_source", "pipeline",
+                                                   "iterable_loader"}
 _GPU_KEYS = _GPU_FIGURES | _GPU_LISTS | {"error"}
 
 

@@ -513,6 +513,7 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
     job_read, _ = _job_bytes(win)
     workers, worker_cpu = _workers(win)
     declared = max((int(_num(_train(r), "num_workers")) for r in timed), default=0)
+    plain = (not declared and any(_train(r).get("iterable_loader") is True for r in timed))
     unseen = workers == 0 and declared > 0  # short-lived workers between two samples
     workers = max(workers, declared) if unseen else workers
     idle = _machine_idle(win)
@@ -624,6 +625,10 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         elif workers:
             v.evidence.append(f"{workers} DataLoader workers at {worker_cpu:.0f}% of a core "
                               f"each, {storage}{when}")
+        elif plain:
+            v.evidence.append("the loop iterates a loader that is not a torch DataLoader "
+                              "(wrapped with iolens.instrument()): each batch is made in the "
+                              f"training process, between its steps{when}")
         else:
             v.evidence.append("no DataLoader worker process: the data is loaded in the "
                               f"training process itself (num_workers=0){when}")
@@ -646,7 +651,13 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
                     "(torch 2.6 and later), and a larger prefetch_factor",
                     "the workers wait idle behind a slow batch", ceiling))
         target = _more_workers(workers, worker_cpu, cpus, idle)
-        if target > workers:
+        if plain:
+            v.recommendations.append(Recommendation(
+                "make the batches ahead of the loop: wrap the source in a torch "
+                "IterableDataset read by a DataLoader with num_workers, or read ahead in a "
+                "background thread (a queue of a few batches)",
+                "a plain iterable has no workers: the loop waits for every batch", ceiling))
+        elif target > workers:
             v.recommendations.append(Recommendation(
                 f"raise num_workers from {workers} to {target}",
                 ("neither the device nor the workers' CPU is saturated"

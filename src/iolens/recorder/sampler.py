@@ -170,6 +170,7 @@ class Recorder:
         """``self.storage.meta()`` as of the last mount found, updated in place (the live
         verdicts hold this list)."""
         self._maps_seen: dict[int, int] = {}
+        self._written: set[str] = set()
         self._maps_pass = 0
         """What serves the dataset (NOTE [dataset folders] in iolens/recorder/storage.py)."""
         self.train = totals.aggregator() if totals is not None else TrainingAggregator()
@@ -394,6 +395,9 @@ class Recorder:
         folders, self.timing.paths = self.timing.paths, []
         if not self.discover:
             return
+        for _, folder, _ in [f for f in folders if f[2] < 0]:
+            self._watch_written(folder)
+        folders = [f for f in folders if f[2] >= 0]
         found = self.storage.add_all(folders)
         if found or folders:
             self.storage_now[:] = self.storage.meta()  # (the most opened mount comes first)
@@ -402,6 +406,20 @@ class Recorder:
                 if disk not in self.watch:
                     self.watch[disk] = (f"serves the dataset: the input pipeline read files "
                                         f"in {served.folders[0]}")
+
+    def _watch_written(self, folder: str) -> None:
+        """Watch the devices of a folder the job writes files in (checkpoints, logs) from
+        the first file it opened there."""
+        if folder in self._written:
+            return
+        self._written.add(folder)
+        try:
+            mapping = device_for_path(folder, self.proc_root, self.sys_root)
+        except (OSError, ValueError):
+            return
+        for disk in mapping.disks:
+            if disk not in self.watch:
+                self.watch[disk] = f"the job writes files in {folder}"
 
     def _cpu(self) -> dict[str, float]:
         cur = self.system.cpu()

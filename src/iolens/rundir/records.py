@@ -39,3 +39,7 @@ READY = 9
 HANDOVER = 10
 """Written by the training process right after a worker batch's BATCH record:
 a = the batch's index in its epoch, b = when ``next()`` was called for it."""
+ITERABLE = 11
+"""Written with an epoch's EPOCH record by ``iolens.instrument()`` around a loader that is
+not a torch DataLoader (a generator, any iterable): a = 1, b = 0. It has no workers to
+add: the verdict's advice for it differs."""

@@ -106,6 +106,8 @@ class TrainingAggregator:
     _latest: int = 0
     """The latest time seen in any record (ns), which ages the unjoined ones."""
     _in_process: set[int] = field(default_factory=set)
+    iterable: bool = False
+    """A loader that is not a torch DataLoader started an epoch in this interval."""
     fetchers: set[int] = field(default_factory=set)
     """Processes that have fetched batches (DataLoader workers, or a training process with
     num_workers=0): those whose files are the dataset's."""
@@ -158,6 +160,8 @@ class TrainingAggregator:
                 self.worker_loader[a] = key
             elif records.FETCH <= rtype <= records.HANDOVER:
                 self._stage(pid, rtype, tag, a, b)
+            elif rtype == records.ITERABLE and a == 1:
+                self.iterable = True
             elif rtype == records.RANK and 0 <= a < b:
                 self.ranks[pid] = (a, b)
             else:
@@ -253,6 +257,9 @@ class TrainingAggregator:
             out["epoch_start_wait"] = distribution(self.epoch_start_waits)
         if self.epochs:
             out["num_workers"] = self.num_workers
+        if self.iterable:
+            out["iterable_loader"] = True
+            self.iterable = False
         self._join()
         if self._stages.batches or self._handovers:
             out["pipeline"] = self._stages.record(self._handovers,
@@ -305,8 +312,8 @@ class TimingReader:
         """Processes that have written timing records: those running the training loop."""
         self.paths: list[tuple[int, str, int]] = []
         """(pid, folder, opens so far): folders the job's input pipeline opened files in,
-        not yet taken (NOTE [dataset folders] in iolens/training/_hooks.py); the recorder
-        empties it."""
+        or -1 for a folder the job opened files for writing in, not yet taken (NOTE
+        [dataset folders] in iolens/training/_hooks.py); the recorder empties it."""
 
     def poll(self, into: TrainingAggregator) -> int:
         """Feed every whole record written since the last poll; returns how many."""
@@ -375,5 +382,5 @@ class TimingReader:
             folder, opens = (item, 1) if isinstance(item, str) else (
                 item if isinstance(item, list) and len(item) == 2 else (None, 0))
             if (isinstance(folder, str) and folder.startswith("/") and type(opens) is int
-                    and opens >= 0):
+                    and opens >= -1):  # (-1: files were written there, not read)
                 self.paths.append((pid, folder, opens))

@@ -48,8 +48,8 @@ class TimingWriter:
     the records dropped (and counted).
     """
 
-    __slots__ = ("_fd", "_pfd", "buf", "directory", "dropped", "error", "flush_ns", "last_flush",
-                 "moved", "paths", "pid", "spare", "spare_bytes", "written")
+    __slots__ = ("_fd", "_ids", "_pfd", "buf", "directory", "dropped", "error", "flush_ns",
+                 "last_flush", "moved", "paths", "pid", "spare", "spare_bytes", "written")
 
     def __init__(self, directory: str, flush_ns: int = 500_000_000,
                  spare: str | None = None) -> None:
@@ -64,6 +64,8 @@ class TimingWriter:
         self.pid = os.getpid()
         self._fd: int | None = None
         self._pfd: int | None = None
+        self._ids: dict[int, tuple[int, int]] = {}
+        """fd -> (st_dev, st_ino) of the files this writer opened (see _size_if_ours)."""
         self.paths: list[tuple[str, int]] = []
         """Folders the dataset was read from and their opens so far, not yet written (NOTE
         [dataset folders])."""
@@ -83,8 +85,10 @@ class TimingWriter:
             self._drop()
             return
         try:
-            if self._fd is None:
-                self._fd = open_append(os.path.join(self._folder(), f"{self.pid}.bin"))
+            fd, size = self._fd, self._size_if_ours(self._fd)
+            if fd is None or size is None:
+                fd, size = self._open(f"{self.pid}.bin")
+                self._fd = fd
             data = self.buf.tobytes()
             if self.moved is not None:
                 if self.spare_bytes + len(data) > SPARE_LIMIT_BYTES:
@@ -95,7 +99,7 @@ class TimingWriter:
                 self.spare_bytes += len(data)
             # One write of whole records: O_APPEND keeps concurrent readers on
             # record boundaries, and a short write is cut back.
-            append_whole(self._fd, data, os.fstat(self._fd).st_size)
+            append_whole(fd, data, size)
             self.written += len(self.buf) // 3
             del self.buf[:]
         except OSError as exc:
@@ -105,7 +109,7 @@ class TimingWriter:
                 self.moved = f"{why} in {self.directory}"
                 self.directory = self.spare
                 fd, self._fd = self._fd, None
-                if fd is not None:
+                if self._size_if_ours(fd) is not None and fd is not None:
                     with contextlib.suppress(OSError):
                         os.close(fd)
                 self.flush(self.last_flush)
@@ -119,12 +123,38 @@ class TimingWriter:
         if self.error is not None:
             return
         try:
-            if self._pfd is None:
-                self._pfd = open_append(os.path.join(self._folder(), f"{self.pid}.paths"))
+            fd, size = self._pfd, self._size_if_ours(self._pfd)
+            if fd is None or size is None:
+                fd, size = self._open(f"{self.pid}.paths")
+                self._pfd = fd
             data = "".join(json.dumps(list(p)) + "\n" for p in lines).encode()
-            append_whole(self._pfd, data, os.fstat(self._pfd).st_size)
+            append_whole(fd, data, size)
         except (OSError, ValueError):
             pass  # the folders are a hint; the records matter more
+
+    def _open(self, name: str) -> tuple[int, int]:
+        """``name`` in the timing folder for appending, and its size; remembered as ours."""
+        fd = open_append(os.path.join(self._folder(), name))
+        st = os.fstat(fd)
+        self._ids[fd] = (st.st_dev, st.st_ino)
+        return fd, st.st_size
+
+    def _size_if_ours(self, fd: int | None) -> int | None:
+        """The size of the file behind ``fd`` while it is still the one this writer opened;
+        None once the job closed the descriptor or put another file under its number
+        (a worker that closes every descriptor, dup2 over it): then it is never written
+        or closed again, as the number may be another file's now."""
+        if fd is None:
+            return None
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            self._ids.pop(fd, None)
+            return None
+        if self._ids.get(fd) != (st.st_dev, st.st_ino):
+            self._ids.pop(fd, None)
+            return None
+        return st.st_size
 
     def _drop(self) -> None:
         self.dropped += len(self.buf) // 3
@@ -164,10 +194,11 @@ class TimingWriter:
         """Flush and close; safe to call twice."""
         self.flush()
         for fd in (self._fd, self._pfd):
-            if fd is not None:
+            if fd is not None and self._size_if_ours(fd) is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._fd = self._pfd = None
+        self._ids.clear()
 
 
 _writer: TimingWriter | None = None
@@ -196,6 +227,8 @@ def start(directory: str, flush_ns: int = 500_000_000, spare: str | None = None)
             atexit.register(_at_exit)
             os.register_at_fork(after_in_child=_after_fork_in_child)
             _registered = True
+        with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+            _install_audit()
     return _writer
 
 
@@ -291,6 +324,8 @@ class TimedIterator:
         self._it = it
         w = _writer
         tag = _note_epoch(w, loader, it, _now()) if w is not None else 0
+        if w is not None and not hasattr(loader, "num_workers"):
+            w.buf.extend((records.ITERABLE | (tag << records.TAG_SHIFT), 1, 0))
         self._kind = records.BATCH | (tag << records.TAG_SHIFT)
 
     def __iter__(self) -> TimedIterator:
@@ -448,7 +483,8 @@ _PATHS_MAX = 64
 _NOT_DATA = (".py", ".pyc", ".so")
 _KERNEL_FS = ("/proc/", "/sys/", "/dev/")
 _MARKS = frozenset(10 ** k for k in range(10))
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | getattr(os, "O_TMPFILE", 0)
+_O_TMPFILE = getattr(os, "O_TMPFILE", 0)
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | _O_TMPFILE
 
 
 class _StageClock:
@@ -488,18 +524,15 @@ class _StageClock:
         self.t_got = 0
         self.idle = 0
 
-    def opened(self, path: Any, mode: Any, flags: Any) -> None:
-        """The audit hook saw a file opened (NOTE [dataset folders]): a read of data counts.
+    def opened(self, path: Any) -> None:
+        """The audit hook saw a file opened for reading (NOTE [dataset folders]): a read of
+        data counts.
 
-        Left out: opens for writing (a checkpoint, a log; O_TMPFILE, which also carries
-        O_DIRECTORY's bit, is multiprocessing's temporary files), Python's own files,
-        multiprocessing's folders, the kernel's filesystems and iolens' timing folder.
-        A folder is noted when its opens reach 1, 10, 100 ... so that the recorder can
-        tell the dataset from a folder a library read a file in once.
+        Left out: Python's own files, multiprocessing's folders, the kernel's
+        filesystems and iolens' timing folder. A folder is noted when its opens reach
+        1, 10, 100 ... so that the recorder can tell the dataset from a folder a
+        library read a file in once.
         """
-        if ((mode.__class__ is str and ("w" in mode or "a" in mode or "x" in mode or "+" in mode))
-                or (flags.__class__ is int and flags & _WRITE_FLAGS)):
-            return
         if path.__class__ is bytes:
             path = os.fsdecode(path)
         if path.__class__ is not str or path.endswith(_NOT_DATA) or "/pymp-" in path:
@@ -531,18 +564,60 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
     # io.open_code: PIL, numpy, torch.load, pandas ...) raises the "open" audit event,
     # whatever library asked for it. Native code (lmdb, HDF5) opens its files
     # without it; the recorder's scan of open files finds those.
+    # A file opened for writing (a checkpoint, a log) notes its folder once, so that the
+    # device it goes to is watched from the first write, not only while a scan of the
+    # open files happens to catch it open.
     if event == "open":
-        c = _clock
-        if c is not None:
-            try:  # (not contextlib.suppress: this runs for every audit event)  # noqa: SIM105
-                c.opened(*args[:3])
-            except Exception:  # noqa: BLE001 - NOTE [never hurt the job]
-                pass
+        try:
+            path, mode, flags = args[:3]
+            if ((mode.__class__ is str and ("w" in mode or "a" in mode or "x" in mode
+                                            or "+" in mode))
+                    or (flags.__class__ is int and flags & _WRITE_FLAGS)):
+                _note_write(path, flags)
+                return
+            c = _clock
+            if c is not None:
+                c.opened(path)
+        except Exception:  # noqa: BLE001 - NOTE [never hurt the job]
+            pass
+
+
+_written: dict[str, bool] = {}
+"""Folders (as opened) that files were opened for writing in, noted or not."""
+
+
+def _note_write(path: Any, flags: Any) -> None:
+    w = _writer
+    if w is None or len(_written) >= _PATHS_MAX:
+        return
+    if flags.__class__ is int and _O_TMPFILE and (flags & _O_TMPFILE) == _O_TMPFILE:
+        return  # (O_TMPFILE carries O_DIRECTORY's bit: multiprocessing's temporary files)
+    if path.__class__ is bytes:
+        path = os.fsdecode(path)
+    if path.__class__ is not str or "/pymp-" in path:
+        return
+    folder = (path.rpartition("/")[0] if "/" in path else ".") or "/"
+    if folder in _written:
+        return
+    full = os.path.abspath(folder)
+    ignore = tuple(d for d in (w.directory, w.spare) if d)
+    keep = not full.startswith(_KERNEL_FS) and not (ignore and full.startswith(ignore))
+    _written[folder] = keep
+    if keep:
+        w.paths.append((full, -1))  # -1: written (NOTE [dataset folders])
+        w._flush_paths()  # now: a checkpoint's writes should not wait for the next batch
+
+
+def _install_audit() -> None:
+    global _audit_on
+    if not _audit_on:
+        sys.addaudithook(_audit)
+        _audit_on = True
 
 
 def _start_clock(auto: bool) -> _StageClock | None:
     """This process's stage clock, made with its writer (a worker's own) if timing is on."""
-    global _clock, _audit_on
+    global _clock
     w = _writer
     if w is None and _inherited is not None:
         directory, flush_ns, spare, moved = _inherited
@@ -551,9 +626,7 @@ def _start_clock(auto: bool) -> _StageClock | None:
     if w is None:
         return None
     _clock = _StageClock(w, auto)
-    if not _audit_on:
-        sys.addaudithook(_audit)
-        _audit_on = True
+    _install_audit()
     return _clock
 
 
