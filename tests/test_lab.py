@@ -9,11 +9,13 @@ cores of this machine leave room for the recorder and the workers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +118,23 @@ def run_case(tmp_path: Path, code: str, *args: str) -> tuple[dict[str, Any], str
     return json.loads(rep.stdout), out.stderr
 
 
+@contextlib.contextmanager
+def noisy_reader(big: Path) -> Iterator[None]:
+    """Another process that reads a 96 MiB file at ``big`` over and over, with direct I/O so
+    that every read reaches the disk, for the block."""
+    with open(big, "wb") as fh:
+        for _ in range(96):
+            fh.write(os.urandom(1 << 20))
+    noisy = subprocess.Popen(
+        ["bash", "-c", f"while true; do dd if={big} of=/dev/null bs=256k iflag=direct "
+                       "status=none; done"], start_new_session=True)
+    try:
+        yield
+    finally:
+        os.killpg(noisy.pid, 9)
+        noisy.wait()
+
+
 def classes(report: dict[str, Any]) -> list[str]:
     return [f["class"] for f in report["findings"]]
 
@@ -141,20 +160,8 @@ def test_heavy_compute_with_cached_data_is_compute_bound(tmp_path: Path) -> None
 
 def test_a_compute_bound_job_beside_a_heavy_reader_has_a_noisy_neighbor(tmp_path: Path) -> None:
     need(os.geteuid() == 0, "needs root to drop the noisy reader's file from the page cache")
-    big = tmp_path / "neighbor.bin"
-    with open(big, "wb") as fh:
-        for _ in range(96):
-            fh.write(os.urandom(1 << 20))
-    # Another process reads a file on the job's device over and over, with direct I/O
-    # so that every read reaches the disk.
-    noisy = subprocess.Popen(
-        ["bash", "-c", f"while true; do dd if={big} of=/dev/null bs=256k iflag=direct "
-                       "status=none; done"], start_new_session=True)
-    try:
+    with noisy_reader(tmp_path / "neighbor.bin"):
         report, err = run_case(tmp_path, COMPUTE_BOUND, "8")
-    finally:
-        os.killpg(noisy.pid, 9)
-        noisy.wait()
     v = report["verdict"]
     assert v["class"] == "compute-bound", (v, err)
     (neighbor,) = [f for f in report["findings"] if f["class"] == "noisy-neighbor"]

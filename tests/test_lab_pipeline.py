@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,8 @@ import pytest
 
 from tests.conftest import need
 from tests.fuselab import fuse_lab_skip_reason, slow_fuse
+from tests.test_lab import noisy_reader
+from tests.test_lab import run_case as lab_run
 
 pytest.importorskip("torch")
 
@@ -83,17 +82,9 @@ print("done")
 
 
 def run_case(tmp_path: Path, code: str, *args: str) -> dict[str, Any]:
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(code))
+    """The lab's run (tests/test_lab.py), with the run's meta.json and records beside."""
+    report, _ = lab_run(tmp_path, code, *args)
     run = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.5", "--out",
-                          str(run), "--no-live", "--", sys.executable, str(script), *args],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
-    assert out.returncode == 0, out.stderr
-    assert "done" in out.stdout, out.stdout
-    rep = subprocess.run([sys.executable, "-m", "iolens", "report", str(run), "--format", "json"],
-                         capture_output=True, text=True, timeout=120, check=True)
-    report: dict[str, Any] = json.loads(rep.stdout)
     report["_meta"] = json.loads((run / "meta.json").read_text())
     report["_records"] = [json.loads(x) for x in (run / "records.jsonl").read_text().splitlines()]
     return report
@@ -151,18 +142,8 @@ def test_a_cached_dataset_on_a_busy_device_finds_the_device_and_the_neighbour(
             (data / f"{i:03d}.bin").write_bytes(os.urandom(16 << 10))
         for f in data.iterdir():  # in the page cache from here on
             f.read_bytes()
-        big = Path(disk.mount_point) / "other.bin"
-        with open(big, "wb") as fh:
-            for _ in range(96):
-                fh.write(os.urandom(1 << 20))
-        noisy = subprocess.Popen(
-            ["bash", "-c", f"while true; do dd if={big} of=/dev/null bs=256k iflag=direct "
-                           "status=none; done"], start_new_session=True)
-        try:
+        with noisy_reader(Path(disk.mount_point) / "other.bin"):
             report = run_case(tmp_path, FILES, str(data), "8", "1", "0.02")
-        finally:
-            os.killpg(noisy.pid, 9)
-            noisy.wait()
         loop = disk.loop_name
     why = report["_meta"]["devices"].get(loop)
     assert why is not None and "serves the dataset" in why, report["_meta"]["devices"]

@@ -117,3 +117,29 @@ def close(a: Any, b: Any) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
     return bool(a == b)
+
+
+def test_a_bucket_sums_the_stage_figures_and_the_verdict_keeps_them() -> None:
+    """A long run's buckets carry train.pipeline summed, so its verdict still decides from
+    inside the pipeline (here: idle workers whose wait is the hand-over)."""
+    from tests.test_verdict import piped
+
+    records = piped(200, fetch=0.001, cpu=0.001, idle=0.05, handover=0.045, wait=0.05)
+    a, b = Bucket(), Bucket()
+    for r in records[:120]:
+        a.add(r)
+    for r in records[120:]:
+        b.add(r)
+    b.merge(a)
+    p = b.record()["train"]["pipeline"]
+    assert (p["batches"], p["samples"], p["files"]) == (2000, 16000, 16000)
+    assert p["handover"]["count"] == 2000
+    assert p["handover"]["sum_s"] == pytest.approx(2000 * 0.045)
+    assert p["idle_s"] == pytest.approx(2000 * 0.05) and p["in_process"] is False
+    buckets = []
+    for i in range(0, 200, 20):
+        bk = Bucket()
+        for r in records[i:i + 20]:
+            bk.add(r)
+        buckets.append(bk.record())
+    assert diagnose(buckets, META).cls == diagnose(records, META).cls == "handover-bound"

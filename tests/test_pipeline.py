@@ -312,10 +312,14 @@ def test_faults_inside_a_worker_leave_the_training_unchanged(tmp_path: Path, dat
     clean = [ln.split(" (pid")[0] for ln in under.stdout.splitlines()]
     expected = [ln.split(" (pid")[0] for ln in bare.stdout.splitlines()]
     if fault == "kill":
-        # When the loop notices a dead worker depends on timing, with iolens or without:
-        # the batches summed before it differ from run to run; the error does not.
-        clean, expected = clean[:1], expected[:1]
-    assert clean == expected, (under.stdout, bare.stdout)
+        # How and when the loop notices a dead worker depends on timing, with iolens or
+        # without: torch raises its "worker is killed" RuntimeError, or the reset of the
+        # dead worker's connection; the batches summed before it differ from run to run.
+        died = ("error RuntimeError DataLoader worker", "error ConnectionResetError")
+        assert clean[0].startswith(died) and expected[0].startswith(died), (
+            under.stdout, bare.stdout)
+    else:
+        assert clean == expected, (under.stdout, bare.stdout)
     if fault == "fds":
         assert "error" not in under.stdout
     else:

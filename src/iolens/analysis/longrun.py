@@ -353,6 +353,10 @@ class Bucket:
     marks: _Dist = field(default_factory=_Dist)
     epoch_start: _Dist = field(default_factory=_Dist)
     loader_steps: bool = False
+    pipe: list[float] = field(default_factory=lambda: [0.0] * 11)
+    """train.pipeline summed: batches, samples, fetch, fetch CPU, collate, idle, files,
+    hand-overs and their seconds, in_process (0/1, the most) and processes (the most)."""
+    iterable: bool = False
     ranks: dict[str, list[float]] = field(default_factory=dict)
     world: int = 0
     gpu: dict[int, list[float]] = field(default_factory=dict)
@@ -492,6 +496,26 @@ class Bucket:
             esw = g("epoch_start_wait")
             if esw:
                 self.epoch_start.add(esw)
+            pl = g("pipeline")
+            if pl:
+                q = self.pipe
+                pg = pl.get
+                q[0] += pg("batches") or 0
+                q[1] += pg("samples") or 0
+                q[2] += pg("fetch_s") or 0.0
+                q[3] += pg("fetch_cpu_s") or 0.0
+                q[4] += pg("collate_s") or 0.0
+                q[5] += pg("idle_s") or 0.0
+                q[6] += pg("files") or 0
+                h = pg("handover")
+                if h:
+                    q[7] += h.get("count") or 0
+                    q[8] += h.get("sum_s") or 0.0
+                if pg("in_process") is True:
+                    q[9] = 1.0
+                q[10] = max(q[10], pg("processes") or 0)
+            if g("iterable_loader") is True:
+                self.iterable = True
             ranks = g("ranks")
             if ranks:
                 for rank, d in ranks.items():
@@ -559,6 +583,9 @@ class Bucket:
         self.epochs += o.epochs
         self.workers = max(self.workers, o.workers)
         self.loader_steps |= o.loader_steps
+        self.pipe = [x + y for x, y in zip(self.pipe[:9], o.pipe[:9], strict=True)] + [
+            max(self.pipe[9], o.pipe[9]), max(self.pipe[10], o.pipe[10])]
+        self.iterable |= o.iterable
         for acc, other in ((self.wait, o.wait), (self.step, o.step), (self.marks, o.marks),
                            (self.epoch_start, o.epoch_start)):
             acc.merge(other)
@@ -637,6 +664,15 @@ class Bucket:
             train["epoch_start_wait"] = self.epoch_start.out()
         if self.epochs:
             train["num_workers"] = self.workers
+        q = self.pipe
+        if q[0]:
+            train["pipeline"] = {
+                "batches": int(q[0]), "samples": int(q[1]), "fetch_s": q[2],
+                "fetch_cpu_s": q[3], "collate_s": q[4], "idle_s": q[5], "files": int(q[6]),
+                "in_process": bool(q[9]), "processes": int(q[10]),
+                "handover": {"count": int(q[7]), "sum_s": q[8]}}
+        if self.iterable:
+            train["iterable_loader"] = True
         if self.ranks:
             train["ranks"] = {rank: {"pid": int(a[3]), "batches": int(a[0]),
                                      "data_wait_s": a[1], "step_s": a[2]}

@@ -85,3 +85,14 @@ def read_text(path: str) -> str:
     if len(data) > MAX_BYTES:
         raise StatsUnavailableError(path, f"larger than {MAX_BYTES >> 20} MiB")
     return data.decode("ascii", "replace")
+
+
+def as_bytes(text: str | bytes) -> bytes:
+    """Kernel text as bytes: a str back to the bytes it was decoded from (names need not be
+    UTF-8; surrogateescape round-trips them), a lone surrogate as UTF-8."""
+    if isinstance(text, bytes):
+        return text
+    try:
+        return os.fsencode(text)
+    except UnicodeEncodeError:  # a lone surrogate that surrogateescape does not map
+        return text.encode("utf-8", "surrogatepass")

@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from iolens.sources._files import as_bytes
 from iolens.sources.sysblock import kernel_name
 
 # Filesystems that live in memory or on a network, and so have no block device.
@@ -52,13 +53,7 @@ class MountTable(list[MountEntry]):
 
 def parse_mountinfo(text: str | bytes) -> MountTable:
     """Parse mountinfo text; lines that do not fit the format are skipped and counted."""
-    if isinstance(text, str):
-        try:
-            data = os.fsencode(text)
-        except UnicodeEncodeError:  # a lone surrogate that surrogateescape does not map
-            data = text.encode("utf-8", "surrogatepass")
-    else:
-        data = text
+    data = as_bytes(text)
     entries = MountTable()
     for line in data.splitlines():
         if not line.strip():

@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from iolens.sources._files import MAX_BYTES
+from iolens.sources._files import MAX_BYTES, as_bytes
 from iolens.sources.devmap import _unescape
 
 NFS_FSTYPES = frozenset({"nfs", "nfs4"})
@@ -233,13 +233,7 @@ def parse_mountstats(text: str | bytes) -> MountStats:
     skipped and counted in ``skipped``; nothing raises. A mount point listed
     twice (a mount over a mount) keeps the later block, which is the visible one.
     """
-    if isinstance(text, str):
-        try:
-            data = os.fsencode(text)
-        except UnicodeEncodeError:  # a lone surrogate that surrogateescape does not map
-            data = text.encode("utf-8", "surrogatepass")
-    else:
-        data = text
+    data = as_bytes(text)
     out = MountStats()
     block: _Block | None = None
     in_block = False  # inside any device block, NFS or not
