@@ -110,7 +110,7 @@ def make_record(i: int, interval: float, devices: int, workers: int,
     idle = 20.0 if in_stall else 45.0
     t = START + timedelta(seconds=elapsed)
     return {
-        "schema": 1, "seq": i, "t": round(t.timestamp(), 3),
+        "schema": 2, "seq": i, "t": round(t.timestamp(), 3),
         "time": t.isoformat(timespec="milliseconds"),
         "elapsed_s": round(elapsed, 3), "interval_s": interval,
         "devices": devs,
@@ -129,7 +129,18 @@ def make_record(i: int, interval: float, devices: int, workers: int,
                  "mem_util_pct": 40.0, "mem_used_bytes": 30 << 30, "mem_total_bytes": 80 << 30}],
         "train": {"batches": batches, "epochs_started": 1 if i % 3600 == 0 else 0,
                   "data_wait": data_wait, "step": step_d, "step_source": "dataloader",
-                  "data_wait_share": round(wait / step, 4)},
+                  "data_wait_share": round(wait / step, 4),
+                  # schema 2: the workers' stage figures of the interval's batches
+                  "pipeline": {
+                      "batches": batches, "samples": batches * 32, "processes": workers,
+                      "in_process": False, "fetch_s": round(batches * wait * 0.9, 6),
+                      "fetch_cpu_s": round(batches * wait * (0.1 if in_stall else 0.6), 6),
+                      "fetch_max_s": round(wait * 1.5, 6),
+                      "collate_s": round(batches * 0.0004, 6),
+                      "idle_s": round(batches * (0.0 if in_stall else step * 0.3), 6),
+                      "files": batches * 32, "handover": _dist(0.0008, rng) | {
+                          "count": batches, "sum_s": round(batches * 0.0008, 6)}}},
+        "storage": {"/data": {"waiting": 3 if in_stall else 0}},
     }
 
 
@@ -139,7 +150,7 @@ def write_run(folder: str, n: int, interval: float, devices: int, workers: int) 
     os.makedirs(folder, exist_ok=True)
     rng = random.Random(1)
     meta = {
-        "schema": 1, "iolens_version": "bench", "host": "bench", "cpus": 32,
+        "schema": 2, "iolens_version": "bench", "host": "bench", "cpus": 32,
         "command": ["python", "train.py", "--epochs", "168"], "cwd": "/data/job",
         "interval_s": interval, "start": START.isoformat(timespec="milliseconds"),
         "start_t": START.timestamp(), "duration_s": n * interval, "exit_code": 0,
