@@ -150,3 +150,16 @@ def test_the_writer_never_writes_through_a_descriptor_the_job_replaced(tmp_path:
     assert os.fstat(fd).st_ino == os.fstat(vfd).st_ino  # the job's file, not closed by us
     os.close(fd)
     os.close(vfd)
+
+
+def test_the_folders_noted_are_the_jobs_data() -> None:
+    from iolens.training._hooks import _data_folder, _folder
+
+    assert (_folder("/data/a.jpg"), _folder("/x"), _folder("x.bin")) == ("/data", "/", ".")
+    ignore = ("/runs/r/timing",)
+    assert _data_folder("/data/train", ignore) == "/data/train"
+    assert _data_folder("/dev/shm/cache", ignore) == "/dev/shm/cache"  # RAM, a dataset's place
+    for kernel in ("/proc/self", "/sys/block", "/dev", "/dev/pts", "/proc"):
+        assert _data_folder(kernel, ignore) is None
+    assert _data_folder("/runs/r/timing", ignore) is None
+    assert _data_folder(".", ()) == os.getcwd()

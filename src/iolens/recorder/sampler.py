@@ -166,13 +166,13 @@ class Recorder:
         self.gpu = GpuReader()
         self.timing = TimingReader(run.timing_dir if run is not None else None)
         self.storage = StorageWatch(proc_root, sys_root)
+        """What serves the dataset (NOTE [dataset folders] in iolens/recorder/storage.py)."""
         self.storage_now: list[dict[str, Any]] = []
         """``self.storage.meta()`` as of the last mount found, updated in place (the live
         verdicts hold this list)."""
         self._maps_seen: dict[int, int] = {}
         self._written: set[str] = set()
         self._maps_pass = 0
-        """What serves the dataset (NOTE [dataset folders] in iolens/recorder/storage.py)."""
         self.train = totals.aggregator() if totals is not None else TrainingAggregator()
         # One list: the disk sampler's fallbacks (/sys/block, the monotonic clock)
         # belong in meta.json with the recorder's own notes.

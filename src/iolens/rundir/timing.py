@@ -96,7 +96,7 @@ class TrainingAggregator:
     _stages: _Stages = field(default_factory=_Stages)
     _handovers: list[int] = field(default_factory=list)
     _ready: dict[tuple[int, int, int], list[int]] = field(default_factory=dict)
-    """(worker pid, ..) -> hand-over times: READY records not yet joined, keyed by
+    """The times workers handed batches over (READY records) not yet joined, keyed by
     (training process pid, loader tag, batch index) once the worker's loader is known
     and by (-worker pid, 0, batch index) until then."""
     _waiting: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
@@ -104,7 +104,8 @@ class TrainingAggregator:
     when its epoch started)."""
     _epoch_at: dict[tuple[int, int], int] = field(default_factory=dict)
     _latest: int = 0
-    """The latest time seen in any record (ns), which ages the unjoined ones."""
+    """The latest return of ``next()`` in a HANDOVER record (ns, the training process's
+    clock), which ages the unjoined ones: a damaged READY time cannot move it."""
     _in_process: set[int] = field(default_factory=set)
     iterable: bool = False
     """A loader that is not a torch DataLoader started an epoch in this interval."""

@@ -109,7 +109,7 @@ class TimingWriter:
                 self.moved = f"{why} in {self.directory}"
                 self.directory = self.spare
                 fd, self._fd = self._fd, None
-                if self._size_if_ours(fd) is not None and fd is not None:
+                if fd is not None and self._size_if_ours(fd) is not None:
                     with contextlib.suppress(OSError):
                         os.close(fd)
                 self.flush(self.last_flush)
@@ -472,8 +472,8 @@ class LoopTimer:
 # collate. The hand-over to the loop (the queue, unpickling, pin_memory) is joined
 # by the recorder from the worker's READY record and the loop's HANDOVER record.
 # With num_workers=0 the training process times the same stages of its own fetch.
-# Per batch: five clock reads, two of them the thread's CPU clock, and one array
-# extend. An audit hook on "open" counts the files opened and notes the folders
+# Per batch: seven clock reads, two of them the thread's CPU clock, and two array
+# extends. An audit hook on "open" counts the files opened and notes the folders
 # they are in (NOTE [dataset folders]). Any failure leaves the worker loop as torch
 # wrote it (NOTE [never hurt the job]).
 
@@ -537,22 +537,36 @@ class _StageClock:
             path = os.fsdecode(path)
         if path.__class__ is not str or path.endswith(_NOT_DATA) or "/pymp-" in path:
             return  # (an fd, a dir_fd-relative name: no folder to tell)
-        folder = path.rpartition("/")[0] if "/" in path else "."
-        entry = self.dirs.get(folder or "/")
+        folder = _folder(path)
+        entry = self.dirs.get(folder)
         if entry is None:
             if len(self.dirs) >= _PATHS_MAX:
                 self.files += 1
                 return
-            full = os.path.abspath(folder or "/")
-            data = (not full.startswith(_KERNEL_FS) or full.startswith("/dev/shm/")) \
-                and full not in ("/proc", "/sys", "/dev") and not full.startswith(self.ignore)
-            entry = self.dirs[folder or "/"] = [full if data else None, 0]
+            entry = self.dirs[folder] = [_data_folder(folder, self.ignore), 0]
         if entry[0] is None:
             return
         self.files += 1
         n = entry[1] = entry[1] + 1
         if n in _MARKS:
             self.writer.paths.append((entry[0], n))
+
+
+def _folder(path: str) -> str:
+    """The folder of a path as opened ("." for a bare name, "/" for a file at the root)."""
+    return (path.rpartition("/")[0] if "/" in path else ".") or "/"
+
+
+def _data_folder(folder: str, ignore: tuple[str, ...]) -> str | None:
+    """``folder`` made absolute, or None when it holds no data of the job's: the kernel's
+    filesystems (but /dev/shm, a dataset's place in RAM) and iolens' timing folders."""
+    full = os.path.abspath(folder)
+    if full in ("/proc", "/sys", "/dev") or (full.startswith(_KERNEL_FS)
+                                              and not full.startswith("/dev/shm/")):
+        return None
+    if ignore and full.startswith(ignore):
+        return None
+    return full
 
 
 _clock: _StageClock | None = None
@@ -596,14 +610,12 @@ def _note_write(path: Any, flags: Any) -> None:
         path = os.fsdecode(path)
     if path.__class__ is not str or "/pymp-" in path:
         return
-    folder = (path.rpartition("/")[0] if "/" in path else ".") or "/"
+    folder = _folder(path)
     if folder in _written:
         return
-    full = os.path.abspath(folder)
-    ignore = tuple(d for d in (w.directory, w.spare) if d)
-    keep = not full.startswith(_KERNEL_FS) and not (ignore and full.startswith(ignore))
-    _written[folder] = keep
-    if keep:
+    full = _data_folder(folder, tuple(d for d in (w.directory, w.spare) if d))
+    _written[folder] = full is not None
+    if full is not None:
         w.paths.append((full, -1))  # -1: written (NOTE [dataset folders])
         w._flush_paths()  # now: a checkpoint's writes should not wait for the next batch
 
