@@ -110,3 +110,11 @@ HANDOVER_SHARE = 0.5
 """With the workers idle, the wait is the hand-over's when the batches' hand-over and the
 epochs' first batches make half of it or more; else the workers idle behind one slow
 batch (batches come back in order)."""
+
+# -- predictions (iolens.analysis.model) -------------------------------------------------
+MIN_GAIN = 1.05
+"""A change the model predicts to gain under 5% is not offered as a fix: that is within a
+shared machine's run-to-run noise, and the change has its costs (memory, a repack)."""
+PACK_REQUEST_BYTES = 1 << 20
+"""Tar or HDF5 shards read in order are read in requests of about 1 MiB (readahead and
+the reader's buffer), whatever the sample size."""

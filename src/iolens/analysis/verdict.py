@@ -26,7 +26,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from iolens.analysis import model as pm
 from iolens.analysis import rules
+from iolens.analysis.model import Model, Prediction
 from iolens.analysis.pipeline import Pipeline, pipeline
 
 PRIMARY_CLASSES = ("compute-bound", "storage-bound", "cpu-bound-input", "loader-starved",
@@ -37,6 +39,8 @@ NO_STEPS = "no-steps"
 STEPS_ONLY = "steps-only"
 """Steps marked with iolens.step() and no batch timed: the step rate is known, the data
 wait is not."""
+NO_MODEL = ("the workers' stages were not timed, so there is no model of the pipeline to "
+            "predict from")
 
 
 def severity(share: float) -> str:
@@ -74,14 +78,29 @@ class Window:
 
 @dataclass
 class Recommendation:
-    """One thing to do, why (the evidence it follows from) and what it should gain."""
+    """One thing to do, why (the evidence it follows from) and what it should gain: the
+    model's prediction of the throughput after it (iolens.analysis.model), or why there
+    is none."""
 
     action: str
     because: str
     gain: str
+    prediction: Prediction | None = None
+    unavailable: str | None = None
+    """Why there is no prediction (a measurement, a change the model cannot size)."""
+    change: dict[str, Any] | None = None
+    """What the action changes, as data (``{"num_workers": 4}``): what ``iolens compare``
+    looks for in the run after it."""
 
-    def to_dict(self) -> dict[str, str]:
-        return {"action": self.action, "because": self.because, "expected_gain": self.gain}
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "action": self.action, "because": self.because,
+            "expected_gain": self.prediction.text() if self.prediction else self.gain,
+            "prediction": self.prediction.to_dict() if self.prediction else None,
+            "change": self.change}
+        if self.prediction is None:
+            d["prediction_unavailable"] = self.unavailable or NO_MODEL
+        return d
 
 
 @dataclass
@@ -125,6 +144,31 @@ class Verdict:
     storage: list[dict[str, Any]] = field(default_factory=list)
     """What serves the dataset: ``{"mount", "fstype", "device"}`` each (device None where
     no block device does), from the folders the input pipeline opened files in."""
+    declined: list[Recommendation] = field(default_factory=list)
+    """Changes the model predicts to gain nothing (or to lose): not offered as fixes."""
+    model: Model | None = field(default=None, repr=False, compare=False)
+    """The model of the pipeline the predictions come from (iolens.analysis.model)."""
+    probe: dict[str, Any] | None = None
+    """The storage probe's result for the dataset's storage (``iolens probe --storage``)."""
+
+    def offer(self, rec: Recommendation) -> None:
+        """Add ``rec`` unless the model predicts it gains nothing as a fix."""
+        p = rec.prediction
+        if p is not None and rec.change and p.gain < rules.MIN_GAIN:
+            self.declined.append(rec)
+        else:
+            self.recommendations.append(rec)
+
+    def predict(self, change: pm.Change, *, workers: int | None = None,
+                basis: Sequence[str] = ()) -> Prediction | None:
+        return self.model.predict(change, workers, basis) if self.model else None
+
+    def fix(self, action: str, because: str, gain: str, change: dict[str, Any],
+            how: pm.Change, *, workers: int | None = None, basis: Sequence[str] = (),
+            unavailable: str | None = None) -> Recommendation:
+        """A recommendation with the model's prediction of the throughput after it."""
+        pred = self.predict(how, workers=workers, basis=basis)
+        return Recommendation(action, because, gain, pred, unavailable, change)
 
     def lines(self) -> list[str]:
         """The three lines printed at the end of ``iolens run``."""
@@ -143,7 +187,21 @@ class Verdict:
             "figures": self.figures,
             "caveat": self.caveat,
             "storage": self.storage,
+            "model": self.model_dict(),
+            "declined": [r.to_dict() for r in self.declined],
         }
+
+    def model_dict(self) -> dict[str, Any] | None:
+        """The model's figures: the rate it computes for the run as it was, the limit, what
+        each stage allows, and how far it is from the measured rate."""
+        m = self.model
+        now = m.now if m is not None else None
+        if m is None or now is None or m.whole is None:
+            return None
+        return {"steps_per_s": round(now.steps_per_s, 3), "limit": now.limit,
+                "limits": now.limits, "measured_steps_per_s": round(m.whole.steps_per_s, 3),
+                "fit": round(m.fit or 0.0, 4), "basis": pm.basis_of(m.whole),
+                "num_workers": m.whole.workers, "batch_size": round(m.whole.batch, 2)}
 
 
 def verdict_lines(v: dict[str, Any]) -> list[str]:
@@ -161,7 +219,8 @@ def verdict_lines(v: dict[str, Any]) -> list[str]:
         out.append(f"evidence: {v['evidence'][0]}")
     if v.get("recommendations"):
         r = v["recommendations"][0]
-        out.append(f"try: {r.get('action')}; expected: {r.get('expected_gain')}")
+        sep = ": " if r.get("prediction") else "; expected: "
+        out.append(f"try: {r.get('action')}{sep}{r.get('expected_gain')}")
     if v.get("caveat"):
         out.append(f"note: {v['caveat']}")
     return out
@@ -361,6 +420,9 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     share = _share(timed) or 0.0
     v = Verdict("compute-bound", severity(share), share, figures=figures,
                 caveat=blind.evidence[0] if blind is not None else None, storage=storage)
+    v.probe = _probe_for(meta, storage)
+    model = Model(timed, int(meta.get("cpus") or 0) or None)
+    v.model = model if model.whole is not None else None
     stall = _write_stall(records, timed, share)
     if stall is not None:
         v.cls, v.devices, v.evidence, v.recommendations, v.windows = stall
@@ -488,11 +550,12 @@ def _compute_bound(v: Verdict, timed: Sequence[dict[str, Any]]) -> None:
     w = _window(timed, "compute-bound")
     if w:
         v.windows.append(w)
-    v.recommendations.append(Recommendation(
+    v.recommendations.append(v.fix(
         "look at the model step, not the input: profile it (torch.profiler), use mixed "
         "precision, a larger batch or a compiled model",
         "the data arrives in time",
-        f"at most {share * 100:.1f}% from any input-side change"))
+        f"at most {share * 100:.1f}% from any input-side change", {"compute": 0.5},
+        pm.cheaper_compute(0.5), basis=["if the model step took half as long"]))
 
 
 def _input_windows(timed: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -548,27 +611,7 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
         if pipe is not None:
             v.evidence.append(fetch_text(pipe))
-        if load.rareq_kib < rules.SMALL_READ_KIB:
-            v.recommendations.append(Recommendation(
-                "pack the dataset into large files read sequentially (LMDB, HDF5, tar "
-                "shards such as WebDataset) or a numpy memmap: `iolens pack SRC DST` packs "
-                "a folder of sample files into LMDB or HDF5 shards, read back with "
-                "iolens.data.LMDBDataset or HDF5Dataset",
-                f"{load.name} is saturated by small reads ({load.rareq_kib:.0f} KiB on "
-                f"average, {load.r_s:.0f}/s)", ceiling))
-            v.recommendations.append(Recommendation(
-                "or put the dataset on faster local storage (NVMe) or in RAM (the page "
-                "cache, /dev/shm)", f"{load.name} answers in {load.r_await:.1f} ms", ceiling))
-        else:
-            v.recommendations.append(Recommendation(
-                "put the dataset on faster or local storage (NVMe), or cache it in RAM "
-                "(/dev/shm, the page cache) after the first epoch",
-                f"{load.name} is bandwidth-bound at {load.rMB_s:.1f} MB/s in large reads "
-                f"({load.rareq_kib:.0f} KiB)", ceiling))
-        v.recommendations.append(Recommendation(
-            "more DataLoader workers or a larger prefetch_factor only help while the device "
-            "has idle time; it has little",
-            f"{load.name} is {load.util:.0f}% busy", "little until the device is relieved"))
+        _saturated_device(v, load, ceiling=ceiling, workers=workers)
     elif (pipe is not None and blocked and not idle_workers
           and _waits_on_storage(pipe, win, v.storage, d_share)):
         _storage_from_inside(v, pipe, win, share=share, when=when, ceiling=ceiling,
@@ -604,17 +647,23 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
                              else "the storage was not measured"))
         if pipe is not None:
             v.evidence.append(fetch_text(pipe))
-        if free >= 1:
-            more = int(free)
+        target = v.model.workers_to_next_limit() if v.model is not None else None
+        if target is not None and target > workers:
+            v.offer(_raise_workers(v, workers, target, f"{free:.1f} cores are idle while "
+                                   "each worker is busy" if free >= 1 else
+                                   "the workers' CPU use leaves room", ceiling))
+        elif v.model is None and free >= 1:
             v.recommendations.append(Recommendation(
-                f"raise num_workers from {workers} to {workers + more}",
-                f"{free:.1f} cores are idle while each worker is busy", ceiling))
-        v.recommendations.append(Recommendation(
+                f"raise num_workers from {workers} to {workers + int(free)}",
+                f"{free:.1f} cores are idle while each worker is busy", ceiling,
+                change={"num_workers": workers + int(free)}))
+        v.offer(v.fix(
             "make the per-sample work cheaper: decode at lower resolution, move augmentation "
             "to the GPU (torchvision.transforms.v2 on tensors, DALI), or pre-process once and "
             "store the result",
             f"the workers spend {worker_cpu:.0f}% of a core each on CPU work"
-            if workers else "the CPUs are busy", ceiling))
+            if workers else "the CPUs are busy", ceiling, {"fetch_cpu": 0.5},
+            pm.cheaper_fetch(0.5), basis=["if the per-sample CPU cost halved"]))
         v.recommendations.append(_tune())
     else:
         v.cls = "loader-starved"
@@ -649,35 +698,174 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
                 v.recommendations.append(Recommendation(
                     "let batches be handed over as they are made: DataLoader(in_order=False) "
                     "(torch 2.6 and later), and a larger prefetch_factor",
-                    "the workers wait idle behind a slow batch", ceiling))
-        target = _more_workers(workers, worker_cpu, cpus, idle)
+                    "the workers wait idle behind a slow batch", ceiling, None,
+                    "the model works from each stage's mean cost, not from how batches "
+                    "wait behind each other", {"in_order": False}))
+        model_target = v.model.workers_to_next_limit() if v.model is not None else None
+        target = (model_target if v.model is not None
+                  else _more_workers(workers, worker_cpu, cpus, idle)) or workers
+        why_more = (("neither the device nor the workers' CPU is saturated"
+                     if measured else
+                     "the workers' CPU is not saturated (the device was not measured)")
+                    if workers else
+                    "loading in the main process stops the loop for every batch")
         if plain:
-            v.recommendations.append(Recommendation(
+            v.offer(v.fix(
                 "make the batches ahead of the loop: wrap the source in a torch "
                 "IterableDataset read by a DataLoader with num_workers, or read ahead in a "
                 "background thread (a queue of a few batches)",
-                "a plain iterable has no workers: the loop waits for every batch", ceiling))
+                "a plain iterable has no workers: the loop waits for every batch", ceiling,
+                {"num_workers": 1}, pm.more_workers(1),
+                basis=["one reader ahead of the loop, as one worker"]))
+        elif target > workers and v.model is not None:
+            v.offer(_raise_workers(v, workers, target, why_more, ceiling))
         elif target > workers:
             v.recommendations.append(Recommendation(
-                f"raise num_workers from {workers} to {target}",
-                ("neither the device nor the workers' CPU is saturated"
-                 if measured else
-                 "the workers' CPU is not saturated (the device was not measured)")
-                if workers else
-                "loading in the main process stops the loop for every batch", ceiling))
+                f"raise num_workers from {workers} to {target}", why_more, ceiling,
+                change={"num_workers": target}))
         bursts = _bursty(win)
         if workers and bursts:
             v.recommendations.append(Recommendation(
                 "raise prefetch_factor (batches each worker keeps ready, default 2) and set "
-                "persistent_workers=True", bursts, ceiling))
+                "persistent_workers=True", bursts, ceiling, None,
+                "the model works from each stage's mean cost; bursts are in its interval",
+                {"prefetch_factor": 4}))
         if any(r.get("gpu") for r in timed):
             v.recommendations.append(Recommendation(
                 "use pin_memory=True in the DataLoader and .to(device, non_blocking=True)",
-                "host-to-GPU copies then overlap the step", "overlapped copies"))
+                "host-to-GPU copies then overlap the step", "overlapped copies", None,
+                "the model does not time the host-to-GPU copy", {"pin_memory": True}))
         v.recommendations.append(_tune())
     if window is not None:
         window.label = v.cls
         v.windows.append(window)
+
+
+def _raise_workers(v: Verdict, workers: int, target: int, because: str,
+                   ceiling: str) -> Recommendation:
+    """More workers, as many as reach the next limit (the model's number, not a doubling)."""
+    return v.fix(f"raise num_workers from {workers} to {target}", because, ceiling,
+                 {"num_workers": target}, pm.more_workers(target),
+                 basis=[f"{target} workers, each making a batch in the time one takes now"])
+
+
+def _probe_for(meta: dict[str, Any], storage: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The storage probe's result (meta's ``storage_probe``, from ``iolens probe --storage
+    PATH --run RUN``) when it probed what serves the dataset: the same mount or device."""
+    p = meta.get("storage_probe")
+    if not isinstance(p, dict) or p.get("limit") not in ("iops", "bandwidth", "latency",
+                                                          "rate"):
+        return None
+    if not storage:
+        return p
+    top = storage[0]
+    same = (p.get("mount") == top.get("mount")
+            or (p.get("device") is not None and p.get("device") == top.get("device")))
+    return p if same else None
+
+
+def _probe_rec(v: Verdict, where: str, settles: str) -> Recommendation:
+    return Recommendation(
+        f"measure the storage's ceilings: `iolens probe --storage {where} --run RUN` (a few "
+        "seconds of read-only reads), then `iolens report RUN` again",
+        settles, "a prediction for the fix that fits",
+        unavailable="a measurement, not a change: it settles which fix to predict")
+
+
+def _store_limited(v: Verdict, samples_per_s: float) -> None:
+    """From here on the model knows the storage serves at most ``samples_per_s``."""
+    m = v.model
+    if m is not None:
+        v.model = Model(m.records, m.cpus, storage_sps=samples_per_s)
+
+
+def _samples_per_s(v: Verdict) -> float:
+    m = v.model
+    return m.whole.steps_per_s * m.whole.batch if m is not None and m.whole else 0.0
+
+
+def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: int) -> None:
+    """A device the job's reads saturate: what it serves now is its ceiling in this reading
+    pattern. A cache lifts it; a pack only where the device limits requests, not bytes."""
+    sps = _samples_per_s(v)
+    if sps > 0:
+        _store_limited(v, sps * 100 / max(load.util, rules.UTIL_SATURATED))
+    small = load.rareq_kib < rules.SMALL_READ_KIB
+    probe = v.probe
+    cache = v.fix(
+        "cache the dataset in RAM (/dev/shm, or the page cache once it fits and is read "
+        "again) or put it on faster local storage (NVMe)",
+        f"{load.name} answers in {load.r_await:.1f} ms at {load.util:.0f}% util", ceiling,
+        {"storage": "ram"}, pm.cached(),
+        basis=["if the dataset fits in RAM: no reads reach a device"])
+    pack_action = ("pack the dataset into large files read in order: `iolens pack SRC DST` "
+                   "writes LMDB or HDF5 shards (iolens.data.LMDBDataset, HDF5Dataset); "
+                   "shuffle the shards and within a buffer, so that each read stays "
+                   "large")
+    because_small = (f"{load.name} is saturated by small reads ({load.rareq_kib:.0f} KiB "
+                     f"on average, {load.r_s:.0f}/s)")
+    limit = probe.get("limit") if probe else None
+    if small and limit == "iops":
+        v.offer(_pack_rec(v, probe or {}, load, action=pack_action, because=because_small,
+                          ceiling=ceiling))
+        v.offer(cache)
+    elif small and limit == "bandwidth":
+        v.offer(cache)
+        v.declined.append(Recommendation(
+            pack_action, "the probe found the device limits bytes, not requests: "
+            f"large reads give no more than {_mb(probe)} MB/s", "none",
+            unavailable="packing reads the same bytes from a device that limits bytes",
+            change={"pack": True}))
+        v.evidence.append(f"the storage probe: {load.name} limits bytes ({_mb(probe)} MB/s "
+                          "whatever the request size), not requests: packing would not help")
+    elif small:
+        v.offer(cache)
+        v.recommendations.append(_probe_rec(
+            v, _where(v), "whether the device limits requests (then packing helps) or bytes "
+            "(then only a cache or faster storage does) decides the fix"))
+        v.recommendations.append(Recommendation(
+            pack_action, because_small, ceiling, None,
+            "whether the device limits requests or bytes is not known: the probe tells",
+            {"pack": True}))
+    else:
+        v.offer(cache)
+    more = max(2 * workers, workers + 2)
+    v.recommendations.append(v.fix(
+        f"do not add DataLoader workers (or prefetch) while {load.name} is saturated",
+        f"{load.name} is {load.util:.0f}% busy", "little until the device is relieved",
+        {"num_workers": more}, pm.more_workers(more),
+        basis=[f"{more} workers: more requests in flight on a saturated device"]))
+
+
+def _where(v: Verdict) -> str:
+    return str(v.storage[0]["mount"]) if v.storage else "PATH"
+
+
+def _mb(probe: dict[str, Any] | None) -> str:
+    bw = _num(probe, "bandwidth_ceiling")
+    return f"{bw / 2**20:.1f}"
+
+
+def _pack_rec(v: Verdict, probe: dict[str, Any], load: DeviceLoad, *, action: str,
+              because: str, ceiling: str) -> Recommendation:
+    """Packing on a device that limits requests: the same bytes in requests of about
+    PACK_REQUEST_BYTES, each costing one of the device's requests."""
+    sps = _samples_per_s(v)
+    iops, bw = _num(probe, "iops_ceiling"), _num(probe, "bandwidth_ceiling")
+    per = (load.rkB_s * 1024 / sps) if sps > 0 else 0.0  # device bytes per sample now
+    m = v.model
+    if per <= 0 or iops <= 0 or bw <= 0 or m is None or m.whole is None:
+        return Recommendation(action, because, ceiling, None,
+                              "the device's bytes per sample or the probe's ceilings are "
+                              "missing", {"pack": True})
+    packed = min(iops * max(rules.PACK_REQUEST_BYTES, per) / per, bw / per)
+    fetch = m.whole.fetch_cpu_s + per / bw
+    return v.fix(action, because + f"; the probe found it limits requests ({iops:.0f}/s), "
+                 f"with {bw / 2**20:.1f} MB/s in large reads", ceiling, {"pack": True},
+                 pm.storage_at(packed, fetch),
+                 basis=[f"packed, {per / 1024:.0f} KiB per sample read in "
+                        f"{rules.PACK_REQUEST_BYTES >> 10} KiB requests: the device serves "
+                        f"{packed:.0f} samples/s"])
 
 
 def reads_dataset(pipe: Pipeline, storage: Sequence[dict[str, Any]] = ()) -> bool:
@@ -777,31 +965,64 @@ def _storage_from_inside(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any
         v.evidence.append(f"{waiting:.1f} requests waiting on the FUSE connection on average")
     v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
     kind = where.get("kind") if where is not None else None
+    cache = v.fix(
+        "cache the dataset near the job: the mount's own cache (rclone --vfs-cache-mode "
+        "full, mountpoint-s3 --cache DIR, gcsfuse's file cache, s3fs -o use_cache=DIR), "
+        "or copy it to local NVMe or /dev/shm before training",
+        f"every epoch reads it again through {where['fstype'] if where else 'the mount'}",
+        ceiling, {"storage": "ram"}, pm.cached(),
+        basis=["if the dataset fits the cache: no request reaches the store"])
     if kind in ("fuse", "nfs"):
-        more = max(2 * workers, workers + 2) if workers else 4
-        v.recommendations.append(Recommendation(
-            f"if the store answers each request slowly rather than limiting how many it "
-            f"serves, keep more requests in flight: raise num_workers from {workers} to "
-            f"{more}", "each worker waits on the store's latency one sample at a time",
-            ceiling))
-        v.recommendations.append(Recommendation(
-            "cache the dataset near the job: the mount's own cache (rclone --vfs-cache-mode "
-            "full, mountpoint-s3 --cache DIR, gcsfuse's file cache, s3fs -o use_cache=DIR), "
-            "or copy it to local NVMe or /dev/shm before training",
-            f"every epoch reads it again through {where['fstype'] if where else 'the mount'}",
-            ceiling))
+        limit = v.probe.get("limit") if v.probe else None
+        if limit == "rate":
+            # The store serves a fixed number of requests a second: what it serves now.
+            _store_limited(v, _samples_per_s(v))
+            v.evidence.append(
+                f"the storage probe: the store serves about "
+                f"{_num(v.probe, 'iops_ceiling'):.0f} requests/s however many are in "
+                "flight (a rate limit): more workers cannot fetch faster")
+        target = v.model.workers_to_next_limit() if v.model is not None else None
+        more = target or (max(2 * workers, workers + 2) if workers else 4)
+        if limit == "latency":
+            if target is not None:
+                v.offer(_raise_workers(v, workers, more, "the probe found the store answers "
+                                       "more requests at once about as fast as one: its "
+                                       "latency, not a rate limit, sets the pace", ceiling))
+            v.offer(cache)
+        elif limit == "rate":
+            v.offer(cache)
+            v.recommendations.append(v.fix(
+                f"do not add DataLoader workers: the store limits the rate at about "
+                f"{_num(v.probe, 'iops_ceiling'):.0f} requests/s",
+                "the probe found more requests in flight are not served faster", "none",
+                {"num_workers": more}, pm.more_workers(more), basis=[f"{more} workers"]))
+        else:
+            v.offer(cache)
+            v.recommendations.append(_probe_rec(
+                v, _where(v), "whether the store answers slowly (then more workers help) "
+                "or limits the requests it serves (then only a cache does) decides the fix"))
+            rec = _raise_workers(
+                v, workers, more, "each worker waits on the store's latency one sample at "
+                "a time", ceiling)
+            rec.action = ("if the store answers each request slowly rather than limiting "
+                          "how many it serves, keep more requests in flight: " + rec.action)
+            if rec.prediction is not None:
+                rec.prediction.basis.insert(0, "if the store's latency, not a rate limit, "
+                                               "sets the pace (the probe tells)")
+            v.offer(rec)
         if (pipe.files_per_sample or 0.0) >= 0.5:
             v.recommendations.append(Recommendation(
                 "store fewer, larger objects: tar shards (WebDataset) read sequentially, one "
                 "request per shard instead of one per sample",
                 f"each sample costs {pipe.files_per_sample or 0.0:.1f} file opens on the "
-                f"store, {(pipe.bytes_per_sample or 0.0) / 1024:.0f} KiB each", ceiling))
+                f"store, {(pipe.bytes_per_sample or 0.0) / 1024:.0f} KiB each", ceiling,
+                None, "the store's cost per request of a large object is not measured",
+                {"pack": True}))
     else:
-        v.recommendations.append(Recommendation(
-            "lift the I/O limit (cgroup io.max / blkio throttle), or copy the dataset to "
-            "faster local storage or RAM first",
-            "the reads wait though the device is not saturated: the limit is above it",
-            ceiling))
+        cache.action = ("lift the I/O limit (cgroup io.max / blkio throttle), or copy the "
+                        "dataset to faster local storage or RAM first")
+        cache.because = "the reads wait though the device is not saturated: the limit is above it"
+        v.offer(cache)
 
 
 def _fuse_waiting(win: Sequence[dict[str, Any]], mount: str) -> float | None:
@@ -835,20 +1056,25 @@ def _handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *
     v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data"
                       + (": " + "; ".join(parts) if parts else ""))
     v.evidence.append(fetch_text(pipe))
-    v.recommendations.append(Recommendation(
+    more = max(2 * workers, workers + 2)
+    v.recommendations.append(v.fix(
         "do not add DataLoader workers: those there wait for work already",
         f"the workers are idle {(pipe.worker_idle_share or 0) * 100:.0f}% of their time",
-        "none from more workers"))
+        "none from more workers", {"num_workers": more}, pm.more_workers(more),
+        basis=[f"{more} workers"]))
     if start_s > 0 and wait > 0 and start_s / wait >= 0.25:
-        v.recommendations.append(Recommendation(
+        v.offer(v.fix(
             "set persistent_workers=True, so that each epoch does not start its workers anew",
-            "the epochs' first batches wait for new workers", "the epoch starts' wait"))
-    v.recommendations.append(Recommendation(
+            "the epochs' first batches wait for new workers", "the epoch starts' wait",
+            {"persistent_workers": True}, pm.no_epoch_starts(),
+            basis=["without the epochs' first batches' wait"]))
+    v.offer(v.fix(
         "make each batch cheaper to hand over: return tensors (moved through shared memory) "
         "rather than Python lists or NumPy arrays (pickled whole), and keep the batch "
         "small in bytes (decode on the GPU, or uint8 rather than float32)",
         "the wait left is the batch's way from the worker to the loop",
-        "the hand-over's share of the wait"))
+        "the hand-over's share of the wait", {"handover": 0.5}, pm.cheaper_handover(0.5),
+        basis=["if the hand-over took half as long"]))
 
 
 def _tune() -> Recommendation:
@@ -859,7 +1085,8 @@ def _tune() -> Recommendation:
         "num_workers, prefetch_factor and persistent_workers, and `iolens probe` how far the "
         "preprocessing ceiling is from the training step's",
         "the right num_workers depends on the per-sample cost and the free cores",
-        "the best num_workers, measured")
+        "the best num_workers, measured", None,
+        "a measurement, not a change")
 
 
 def _more_workers(workers: int, worker_cpu: float, cpus: int, idle: float | None) -> int:
@@ -971,16 +1198,24 @@ def _write_stall(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, An
         f"steps that waited for those writes took {excess:.1f} s more than the typical "
         f"{typical * 1000:.1f} ms step, {stall_share * 100:.0f}% of the step time",
     ]
+    batches = sum(_num(_train(r), "batches") for r in timed)
+    now = batches / step_total
+    free = batches / max(step_total - excess, 1e-9)
+    u = pm.MIN_SPREAD
     recs = [
         Recommendation(
             "write checkpoints asynchronously (a background thread or torch.distributed."
             "checkpoint.async_save) or less often",
             f"the loop stalls while {name} absorbs the job's writes",
             f"up to {1 / (1 - min(stall_share, 0.99)):.2f}x more steps per second without the "
-            "stalls"),
+            "stalls",
+            Prediction(free, free * (1 - u), free * (1 + u), "compute", [
+                f"the steps without their {excess:.1f} s of stalls beyond a typical step"],
+                now), change={"checkpoint": "async"}),
         Recommendation(
             "write checkpoints to faster or local storage and copy them off later",
-            f"{name} writes at {load.wMB_s:.1f} MB/s", "shorter stalls"),
+            f"{name} writes at {load.wMB_s:.1f} MB/s", "shorter stalls", None,
+            "how fast the other storage writes is not measured", {"checkpoint": "elsewhere"}),
     ]
     return "write-stall", [name], evidence, recs, [w]
 
@@ -1048,7 +1283,7 @@ def _findings(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]]
     out += _noisy_neighbors(timed)
     out += _warm_cache(timed, v)
     out += _cold_start(timed)
-    out += _epoch_start(timed)
+    out += _epoch_start(timed, v)
     return out
 
 
@@ -1144,7 +1379,7 @@ def _cold_start(timed: Sequence[dict[str, Any]]) -> list[Finding]:
                        "a steady measurement")])]
 
 
-def _epoch_start(timed: Sequence[dict[str, Any]]) -> list[Finding]:
+def _epoch_start(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
     starts = [_train(r).get("epoch_start_wait") for r in timed]
     starts_n = sum(_num(s, "count") for s in starts if isinstance(s, dict))
     starts_sum = sum(_num(s, "sum_s") for s in starts if isinstance(s, dict))
@@ -1161,10 +1396,12 @@ def _epoch_start(timed: Sequence[dict[str, Any]]) -> list[Finding]:
         f"the first batch of each epoch waited {mean_start * 1000:.0f} ms on average over "
         f"{int(starts_n)} epochs, against a median wait of {median_wait * 1000:.1f} ms; "
         f"{starts_sum / step_total * 100:.1f}% of the step time in all"], None, [
-        Recommendation("set persistent_workers=True (workers and their state survive the "
-                       "epoch) and keep prefetch_factor at 2 or more",
-                       "workers start anew each epoch",
-                       f"up to {starts_sum / step_total * 100:.1f}% of the step time")])]
+        v.fix("set persistent_workers=True (workers and their state survive the "
+              "epoch) and keep prefetch_factor at 2 or more",
+              "workers start anew each epoch",
+              f"up to {starts_sum / step_total * 100:.1f}% of the step time",
+              {"persistent_workers": True}, pm.no_epoch_starts(),
+              basis=["without the epochs' first batches' wait"])])]
 
 
 _BLIND = ("the verdict rests on the training loop's timing (data wait share, step time) and "

@@ -615,9 +615,16 @@ def _verdict_section(report: dict[str, Any], wins: Sequence[dict[str, Any]]) -> 
     if v.get("recommendations"):
         parts.append("<h3>What to do</h3><ol>" + "".join(
             f'<li><span class="action">{_e(r.get("action"))}</span><br>'
-            f'<span class="why">because {_e(r.get("because"))}; expected: '
-            f'{_e(r.get("expected_gain"))}</span></li>'
+            f'<span class="why">because {_e(r.get("because"))}; '
+            f'{"" if r.get("prediction") else "expected: "}{_e(r.get("expected_gain"))}'
+            '</span></li>'
             for r in v["recommendations"] if isinstance(r, dict)) + "</ol>")
+    declined = [r for r in v.get("declined") or [] if isinstance(r, dict)]
+    if declined:
+        parts.append('<h3>Not advised</h3><ul class="declined">' + "".join(
+            f'<li>{_e(r.get("action"))}: <span class="why">'
+            f'{_e(_declined_why(r))}'
+            '</span></li>' for r in declined) + "</ul>")
     if wins:
         parts.append("<h3>Highlighted in the charts</h3><ul class=\"wins\">" + "".join(
             f'<li><span class="swatch" style="background:{window_color(w.get("label"))}">'
@@ -1080,3 +1087,7 @@ def render_html(report: dict[str, Any], records: Sequence[dict[str, Any]], *,
         f'<script id="iolens-plotly">{js}</script>\n',
         f"<script>{_JS}</script>\n</body></html>\n",
     ])
+
+
+def _declined_why(r: dict[str, Any]) -> Any:
+    return r.get("expected_gain") if r.get("prediction") else r.get("prediction_unavailable")

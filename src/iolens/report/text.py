@@ -48,8 +48,13 @@ def _verdict(report: dict[str, Any]) -> RenderableType:
         parts += [Text(""), Text("What to do", style="bold")]
         for i, rec in enumerate(v["recommendations"], 1):
             parts.append(Text(f"  {i}. {rec.get('action')}"))
-            parts.append(Text(f"     because {rec.get('because')}; expected: "
+            sep = "; " if rec.get("prediction") else "; expected: "
+            parts.append(Text(f"     because {rec.get('because')}{sep}"
                               f"{rec.get('expected_gain')}", style="dim"))
+        for rec in v.get("declined") or []:
+            why = (rec.get("expected_gain") if rec.get("prediction")
+                   else rec.get("prediction_unavailable"))
+            parts.append(Text(f"  not advised: {rec.get('action')} ({why})", style="dim"))
     return Panel(Group(*parts), title="verdict", title_align="left")
 
 

@@ -1,0 +1,386 @@
+"""A model of the input pipeline from one run: what bounds it now, and what a change gives.
+
+The DS-Analyzer idea (Mohan et al., VLDB 2021) without its extra runs: the run's own
+stage timing (iolens.analysis.pipeline) gives the cost of each stage, and the
+throughput is the lowest of the rates the stages can sustain. In batches (steps) per
+second, with ``b`` samples per batch and ``N`` workers:
+
+- ``compute``: the loop alone, 1 / (c + h): the step less its data wait (c), plus the
+  hand-over of each batch (h: the queue, unpickling, pin_memory), which the loop does
+  itself between two steps. Named ``handover`` where h is a quarter of it or more.
+- ``workers``: N / (b * f + k), each worker making one batch at a time: the fetch of a
+  sample (f, wall time: on CPU and blocked) and the collate (k). With num_workers=0
+  the loop fetches too, in series with its step: 1 / (c + b * f + k).
+- ``cpu``: the cores the job may use (the machine's, less what other processes use)
+  over the CPU a step costs: the training process's own and the workers' per batch.
+- ``storage``: what serves the dataset, in samples per second over ``b``, where it is
+  known to bind (a saturated device serves no more in the same pattern; a probe of
+  the storage gives its ceilings in requests and in bytes).
+
+The epochs' first batches (workers started anew) add their wait to each step on
+average. A change (more workers, a cache, a pack, cheaper transforms or hand-over,
+persistent workers) changes some stage costs; the throughput after it is the model
+evaluated again. The interval comes from the spread of the same prediction over
+parts of the run, widened by how far the model's rate for the run as it was is from
+the measured one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from iolens.analysis.pipeline import pipeline
+
+LIMITS = ("compute", "handover", "workers", "cpu", "storage")
+HANDOVER_NAMED = 0.25
+"""The loop's limit is named ``handover`` when the hand-over is this share of the loop's
+time per step or more: a cheaper hand-over is then what lifts it."""
+MIN_SPREAD = 0.10
+"""The interval is at least +-10%: a shared machine's runs vary that much between runs."""
+MAX_SPREAD = 0.5
+"""... and at most +-50%: beyond that the figure says too little to be offered."""
+TARGET_MARGIN = 1.15
+"""Workers are sized for 15% above the next limit: the batches do not all take the mean
+time, and a worker short of the rate leaves the loop waiting."""
+MAX_WORKERS = 64
+"""No more workers than this are advised (each is a process with its own memory)."""
+PARTS = 5
+"""The run is cut into this many parts for the spread of a prediction."""
+HANDOVER_PRIOR_S = 0.002
+"""A run without workers has no hand-over to measure; a batch of tensors takes about 2 ms
+to cross from a worker (a shared-memory descriptor sent over a socket per tensor, and the
+loop's wake-up), which the loop then pays per step."""
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The stage costs of a run, all in seconds (CPU seconds where said)."""
+
+    steps_per_s: float
+    """Measured: batches over the loop's step time."""
+    compute_s: float
+    """Per step: the step time less the data wait."""
+    handover_s: float
+    """Per step: the loop's part of next() once the batch was ready."""
+    batch: float
+    """Samples per batch."""
+    workers: int
+    fetch_s: float
+    """Per sample, wall time of the fetch (dataset[i])."""
+    fetch_cpu_s: float
+    """Per sample, the part of the fetch on the CPU."""
+    collate_s: float
+    """Per batch."""
+    epoch_start_s: float
+    """Per step on average: the wait of the epochs' first batches beyond a step's."""
+    cores: float | None
+    """Cores the job may use: the machine's less other processes' use (None: unknown)."""
+    main_cpu_s: float
+    """CPU seconds of the training process per step, less the fetch it does itself."""
+    loader_cpu_s: float
+    """CPU seconds per batch of making it (the workers', or the loop's own fetch)."""
+    storage_sps: float | None = None
+    """Samples per second the storage serves at most in this reading pattern (None: not
+    known to bind)."""
+    in_process: bool = False
+    """The loop fetched its own batches (num_workers=0)."""
+
+
+@dataclass
+class Rate:
+    """The model's rate for one setting: the lowest limit and what each stage allows."""
+
+    steps_per_s: float
+    limit: str
+    limits: dict[str, float] = field(default_factory=dict)
+
+
+def rate(f: Figures, workers: int | None = None) -> Rate:
+    """The steps per second ``f``'s pipeline sustains with ``workers`` (default: as run)."""
+    n = f.workers if workers is None else max(0, workers)
+    lim: dict[str, float] = {}
+    loader_cpu = f.loader_cpu_s
+    if n == 0:
+        fetch = f.batch * f.fetch_s + f.collate_s
+        lim["workers"] = _inv(f.compute_s + fetch)
+    else:
+        loop = f.compute_s + f.handover_s
+        name = "handover" if f.handover_s >= HANDOVER_NAMED * loop > 0 else "compute"
+        lim[name] = _inv(loop)
+        lim["workers"] = n * _inv(f.batch * f.fetch_s + f.collate_s)
+    if f.cores is not None:
+        lim["cpu"] = f.cores * _inv(f.main_cpu_s + loader_cpu)
+    if f.storage_sps is not None and f.batch > 0:
+        lim["storage"] = f.storage_sps / f.batch
+    limit = min(lim, key=lambda k: lim[k])
+    best = lim[limit]
+    steps = 1 / (1 / best + f.epoch_start_s) if math.isfinite(best) and best > 0 else 0.0
+    return Rate(steps, limit, {k: round(v, 4) for k, v in lim.items() if math.isfinite(v)})
+
+
+def _inv(x: float) -> float:
+    return 1 / x if x > 0 else math.inf
+
+
+# -- changes: what an action does to the stage costs ----------------------------------
+
+
+Change = Callable[[Figures], Figures]
+
+
+def more_workers(n: int) -> Change:
+    """``n`` workers; from none, the hand-over they bring is HANDOVER_PRIOR_S a batch."""
+    def apply(f: Figures) -> Figures:
+        hand = f.handover_s if f.workers or n == 0 else max(f.handover_s, HANDOVER_PRIOR_S)
+        return dataclasses.replace(f, workers=n, in_process=n == 0, handover_s=hand)
+    return apply
+
+
+def cached() -> Change:
+    """The dataset in RAM: no storage limit, the fetch's blocked part gone."""
+    return lambda f: dataclasses.replace(f, storage_sps=None, fetch_s=f.fetch_cpu_s)
+
+
+def storage_at(samples_per_s: float, fetch_s: float | None = None) -> Change:
+    """Storage that serves ``samples_per_s`` (a pack's new ceiling)."""
+    return lambda f: dataclasses.replace(
+        f, storage_sps=samples_per_s, fetch_s=f.fetch_s if fetch_s is None else fetch_s)
+
+
+def cheaper_fetch(factor: float) -> Change:
+    """The fetch's CPU cost times ``factor`` (cheaper decode and augmentation)."""
+    def apply(f: Figures) -> Figures:
+        saved = f.fetch_cpu_s * (1 - factor)
+        return dataclasses.replace(f, fetch_cpu_s=f.fetch_cpu_s - saved,
+                                   fetch_s=max(0.0, f.fetch_s - saved),
+                                   loader_cpu_s=max(0.0, f.loader_cpu_s - f.batch * saved))
+    return apply
+
+
+def cheaper_handover(factor: float) -> Change:
+    return lambda f: dataclasses.replace(f, handover_s=f.handover_s * factor)
+
+
+def cheaper_compute(factor: float) -> Change:
+    """The model step's time (and its CPU) times ``factor``."""
+    return lambda f: dataclasses.replace(f, compute_s=f.compute_s * factor,
+                                         main_cpu_s=f.main_cpu_s * factor)
+
+
+def no_epoch_starts() -> Change:
+    return lambda f: dataclasses.replace(f, epoch_start_s=0.0)
+
+
+# -- from a run's records ---------------------------------------------------------------
+
+
+def _num(d: Any, key: str) -> float:
+    try:
+        v = d.get(key) if isinstance(d, dict) else None
+        x = float(v) if v is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+    return x if math.isfinite(x) and x > 0 else 0.0
+
+
+def _train(rec: dict[str, Any]) -> dict[str, Any]:
+    t = rec.get("train")
+    return t if isinstance(t, dict) else {}
+
+
+def _role(rec: dict[str, Any], role: str) -> dict[str, Any]:
+    job = rec.get("job")
+    roles = job.get("roles") if isinstance(job, dict) else None
+    r = roles.get(role) if isinstance(roles, dict) else None
+    return r if isinstance(r, dict) else {}
+
+
+def declared_workers(records: Sequence[dict[str, Any]]) -> int:
+    """The DataLoader's num_workers (recorded in the intervals where an epoch starts)."""
+    return max((int(_num(_train(r), "num_workers")) for r in records), default=0)
+
+
+def figures(records: Sequence[dict[str, Any]], cpus: int | None,
+            storage_sps: float | None = None, workers: int | None = None) -> Figures | None:
+    """The stage costs over ``records`` (timed intervals of a run), or None where the
+    stages were not timed (no pipeline figures) or no step was. ``workers``: the run's
+    num_workers (default: as declared in ``records``)."""
+    pipe = pipeline(records)
+    batches = step = wait = starts = secs = 0.0
+    main_cpu = worker_cpu = job_cpu = busy = 0.0
+    for r in records:
+        t = _train(r)
+        batches += _num(t, "batches")
+        step += _num(t.get("step"), "sum_s")
+        wait += _num(t.get("data_wait"), "sum_s")
+        starts += _num(t.get("epoch_start_wait"), "sum_s")
+        s = _num(r, "interval_s")
+        secs += s
+        main_cpu += _num(_role(r, "main"), "cpu_pct") / 100 * s
+        worker_cpu += _num(_role(r, "worker"), "cpu_pct") / 100 * s
+        job = r.get("job")
+        job_cpu += _num(job, "cpu_pct") / 100 * s
+        c = r.get("cpu")
+        if isinstance(c, dict) and c and cpus:
+            busy += cpus * (100 - _num(c, "idle") - _num(c, "iowait")) / 100 * s
+    if pipe is None or batches <= 0 or step <= 0 or not pipe.samples:
+        return None
+    if workers is None:
+        workers = declared_workers(records)
+    if not workers and not pipe.in_process:
+        workers = pipe.processes
+    per = pipe.samples / pipe.batches
+    fetch = pipe.fetch_s / pipe.samples
+    fetch_cpu = min(fetch, pipe.fetch_cpu_s / pipe.samples)
+    collate = pipe.collate_s / pipe.batches
+    handover = pipe.handover_s_per_batch or 0.0
+    in_process = pipe.in_process and workers == 0
+    made_cpu = per * fetch_cpu + collate
+    # The training process's CPU beyond its own fetch; the workers' at least what their
+    # fetch and collate took on the CPU (they also pickle and wait on queues).
+    main_s = main_cpu / batches
+    loader = made_cpu if in_process else max(made_cpu, worker_cpu / batches)
+    main_s = max(0.0, main_s - made_cpu) if in_process else main_s
+    cores = None
+    if cpus and secs > 0:
+        others = max(0.0, busy - job_cpu) / secs
+        cores = max(0.5, cpus - others)
+    # The epochs' first batches wait for workers to start; their wait beyond a typical
+    # one is spread over the steps.
+    mean_wait = wait / batches
+    n_starts = sum(_num(_train(r).get("epoch_start_wait"), "count") for r in records)
+    extra = max(0.0, starts - n_starts * mean_wait) / batches if n_starts else 0.0
+    return Figures(
+        steps_per_s=batches / step,
+        compute_s=max(1e-6, (step - wait) / batches),
+        handover_s=handover, batch=per, workers=workers, fetch_s=fetch,
+        fetch_cpu_s=fetch_cpu, collate_s=collate, epoch_start_s=extra, cores=cores,
+        main_cpu_s=main_s, loader_cpu_s=loader, storage_sps=storage_sps,
+        in_process=in_process)
+
+
+# -- predictions -------------------------------------------------------------------------
+
+
+@dataclass
+class Prediction:
+    """The throughput after one change: the figure, its interval and what then binds."""
+
+    steps_per_s: float
+    low: float
+    high: float
+    limit: str
+    basis: list[str]
+    now: float
+    """The measured rate of the run it was made from."""
+
+    @property
+    def gain(self) -> float:
+        return self.steps_per_s / self.now if self.now > 0 else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps_per_s": round(self.steps_per_s, 3), "low": round(self.low, 3),
+                "high": round(self.high, 3), "limit": self.limit, "basis": self.basis,
+                "now_steps_per_s": round(self.now, 3)}
+
+    def text(self) -> str:
+        return (f"predicted {self.steps_per_s:.3g} steps/s ({self.low:.3g}-{self.high:.3g}, "
+                f"then {self.limit}-bound), now {self.now:.3g}")
+
+
+class Model:
+    """The model of one run, with its parts for the spread of its predictions."""
+
+    def __init__(self, records: Sequence[dict[str, Any]], cpus: int | None,
+                 storage_sps: float | None = None) -> None:
+        self.records = list(records)
+        self.cpus = cpus
+        self.whole = figures(self.records, cpus, storage_sps)
+        n = self.whole.workers if self.whole is not None else None
+        self.parts: list[Figures] = []
+        if self.whole is not None and len(self.records) >= 2 * PARTS:
+            k = len(self.records) / PARTS
+            for i in range(PARTS):
+                chunk = self.records[round(i * k):round((i + 1) * k)]
+                # A part keeps the whole run's storage ceiling scaled to its own rate:
+                # a saturated device's rate in one part is its ceiling there.
+                part = figures(chunk, cpus, storage_sps, n)
+                if part is not None:
+                    self.parts.append(part)
+
+    @property
+    def now(self) -> Rate | None:
+        return rate(self.whole) if self.whole is not None else None
+
+    @property
+    def fit(self) -> float | None:
+        """How far the model's rate for the run as it was is from the measured one
+        (relative), or None without a model."""
+        if self.whole is None or self.whole.steps_per_s <= 0:
+            return None
+        return abs(rate(self.whole).steps_per_s / self.whole.steps_per_s - 1)
+
+    def predict(self, change: Change, workers: int | None = None,
+                basis: Sequence[str] = ()) -> Prediction | None:
+        """The rate after ``change`` (and ``workers``), or None without a model."""
+        if self.whole is None:
+            return None
+        after = rate(change(self.whole), workers)
+        # Calibrated on the run itself: the measured rate times what the change does to
+        # the model's rate (the model's own error on the run as it was cancels).
+        point = self.whole.steps_per_s * _ratio(after, rate(self.whole))
+        spread = [p.steps_per_s * _ratio(rate(change(p), workers), rate(p))
+                  for p in self.parts]
+        rel = [abs(s / point - 1) for s in spread if point > 0]
+        u = min(MAX_SPREAD, max(MIN_SPREAD, self.fit or 0.0,
+                                statistics.median(rel) * 2 if rel else 0.0))
+        return Prediction(point, point * (1 - u), point * (1 + u), after.limit,
+                          [*basis, _limits_text(after)], self.whole.steps_per_s)
+
+    def workers_to_next_limit(self) -> int | None:
+        """The fewest workers whose rate clears the next limit by TARGET_MARGIN (not a
+        doubling), or None when more workers do not lift the rate (workers do not bind)."""
+        f = self.whole
+        if f is None:
+            return None
+        now = rate(f)
+        if now.limit != "workers":
+            return None
+        per_batch = f.batch * f.fetch_s + f.collate_s
+        others = {k: v for k, v in rate(f, max(1, f.workers)).limits.items()
+                  if k != "workers"}
+        nxt = min(others, key=lambda k: others[k]) if others else None
+        ceiling = others[nxt] if nxt is not None else math.inf
+        if not math.isfinite(ceiling) or per_batch <= 0:
+            return min(MAX_WORKERS, max(f.workers + 1, 2 * f.workers))
+        # Workers beyond the cores only queue for them: no margin where the CPU binds next.
+        margin = 1.0 if nxt == "cpu" else TARGET_MARGIN
+        need = math.ceil(ceiling * per_batch * margin - 1e-9)
+        return max(f.workers + 1, min(MAX_WORKERS, max(1, need)))
+
+
+def _ratio(after: Rate, before: Rate) -> float:
+    return after.steps_per_s / before.steps_per_s if before.steps_per_s > 0 else 1.0
+
+
+def _limits_text(r: Rate) -> str:
+    parts = [f"{k} {v:.3g}" for k, v in sorted(r.limits.items(), key=lambda kv: kv[1])]
+    return "steps/s each stage allows: " + ", ".join(parts)
+
+
+def basis_of(f: Figures) -> list[str]:
+    """The figures a prediction rests on, in words."""
+    out = [f"step {f.compute_s * 1000:.2f} ms without its data wait"
+           + (f", hand-over {f.handover_s * 1000:.2f} ms per batch" if f.handover_s else ""),
+           f"fetch {f.fetch_s * 1000:.3g} ms per sample ({f.fetch_cpu_s * 1000:.3g} ms on CPU),"
+           f" {f.batch:.0f} samples per batch, collate {f.collate_s * 1000:.2f} ms",
+           (f"{f.workers} workers" if f.workers else "no workers (num_workers=0)")
+           + (f", {f.cores:.1f} cores for the job" if f.cores is not None else "")]
+    if f.storage_sps is not None:
+        out.append(f"the storage serves at most {f.storage_sps:.0f} samples/s in this pattern")
+    return out

@@ -1,0 +1,153 @@
+"""The pipeline model on constructed figures: each limit binds in turn, changes move the
+rate as the stage costs say, and the worker count is the one that reaches the next limit."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from iolens.analysis import model as pm
+from iolens.analysis.model import Figures, Model, rate
+
+BASE = Figures(steps_per_s=10.0, compute_s=0.020, handover_s=0.001, batch=16, workers=1,
+               fetch_s=0.005, fetch_cpu_s=0.0002, collate_s=0.001, epoch_start_s=0.0,
+               cores=2.0, main_cpu_s=0.005, loader_cpu_s=0.004)
+
+
+def test_workers_bind_when_each_batch_takes_longer_to_make_than_to_train() -> None:
+    r = rate(BASE)
+    # one worker makes a batch in 16 * 5 ms + 1 ms = 81 ms
+    assert r.limit == "workers"
+    assert r.steps_per_s == pytest.approx(1 / 0.081)
+    assert r.limits["compute"] == pytest.approx(1 / 0.021, rel=1e-3)
+
+
+def test_compute_binds_once_enough_workers_make_batches() -> None:
+    r = rate(BASE, workers=8)
+    assert r.limit == "compute"
+    assert r.steps_per_s == pytest.approx(1 / 0.021)
+
+
+def test_the_hand_over_is_named_when_it_is_a_large_part_of_the_loop() -> None:
+    f = dataclasses.replace(BASE, handover_s=0.010)
+    r = rate(f, workers=8)
+    assert r.limit == "handover" and r.steps_per_s == pytest.approx(1 / 0.030)
+
+
+def test_cpu_binds_when_the_cores_run_out() -> None:
+    # 16 samples of 5 ms, all of it on CPU: 80 ms of CPU per batch on 2 cores
+    f = dataclasses.replace(BASE, fetch_cpu_s=0.005, loader_cpu_s=0.081)
+    r = rate(f, workers=8)
+    assert r.limit == "cpu"
+    assert r.steps_per_s == pytest.approx(2 / (0.005 + 0.081))
+    # more workers than cores gain nothing; cheaper samples do
+    assert rate(f, workers=16).steps_per_s == pytest.approx(r.steps_per_s)
+    cheaper = rate(pm.cheaper_fetch(0.5)(f), workers=8)
+    assert cheaper.steps_per_s > 1.8 * r.steps_per_s
+
+
+def test_storage_binds_where_its_ceiling_is_known() -> None:
+    f = dataclasses.replace(BASE, storage_sps=160.0)  # 10 batches of 16 a second
+    r = rate(f, workers=8)
+    assert r.limit == "storage" and r.steps_per_s == pytest.approx(10.0)
+    # a cache lifts it: no storage limit, no blocked fetch
+    cached = rate(pm.cached()(f), workers=8)
+    assert cached.limit == "compute" and "storage" not in cached.limits
+
+
+def test_no_workers_puts_the_fetch_in_series_with_the_step() -> None:
+    f = dataclasses.replace(BASE, workers=0, in_process=True, handover_s=0.0)
+    r = rate(f)
+    assert r.limit == "workers"
+    assert r.steps_per_s == pytest.approx(1 / (0.020 + 16 * 0.005 + 0.001))
+    # with workers comes a hand-over, which a run without workers could not measure
+    after = pm.more_workers(8)(f)
+    assert after.handover_s == pm.HANDOVER_PRIOR_S
+    assert rate(after).steps_per_s == pytest.approx(1 / (0.020 + pm.HANDOVER_PRIOR_S))
+
+
+def test_epoch_starts_add_their_wait_to_each_step() -> None:
+    f = dataclasses.replace(BASE, epoch_start_s=0.010)
+    assert rate(f, workers=8).steps_per_s == pytest.approx(1 / 0.031)
+    assert rate(pm.no_epoch_starts()(f), workers=8).steps_per_s == pytest.approx(1 / 0.021)
+
+
+# -- the model of a run's records -----------------------------------------------------------
+
+
+def interval(i: int, *, batches: int = 20, step: float = 0.081, wait: float = 0.060,
+             fetch: float = 0.005, cpu: float = 0.0002, workers: int = 1,
+             in_process: bool = False) -> dict[str, Any]:
+    """One second of a run whose one worker fetches each of 16 samples in ``fetch`` s."""
+    samples = 16 * batches
+    t: dict[str, Any] = {
+        "batches": batches, "step_source": "dataloader",
+        "step": {"count": batches, "sum_s": step * batches},
+        "data_wait": {"count": batches, "sum_s": wait * batches},
+        "pipeline": {"batches": batches, "samples": samples, "fetch_s": fetch * samples,
+                     "fetch_cpu_s": cpu * samples, "collate_s": 0.001 * batches,
+                     "idle_s": 0.0, "files": samples, "processes": workers,
+                     "in_process": in_process,
+                     "handover": {"count": batches, "sum_s": 0.001 * batches}}}
+    if i == 0:
+        t["num_workers"] = workers
+    return {"elapsed_s": i + 1.0, "interval_s": 1.0, "train": t,
+            "cpu": {"idle": 90.0, "iowait": 0.0},
+            "job": {"cpu_pct": 20.0, "roles": {"main": {"cpu_pct": 10.0},
+                                               "worker": {"cpu_pct": 10.0, "pids": workers}}}}
+
+
+def test_a_run_is_modelled_from_its_records() -> None:
+    m = Model([interval(i) for i in range(20)], cpus=2)
+    assert m.whole is not None
+    f = m.whole
+    assert (f.workers, f.batch) == (1, 16)
+    assert f.compute_s == pytest.approx(0.021)
+    assert f.fetch_s == pytest.approx(0.005) and f.fetch_cpu_s == pytest.approx(0.0002)
+    assert f.cores == pytest.approx(2.0)  # nothing else on the machine
+    assert m.now is not None and m.now.limit == "workers"
+    assert m.fit is not None and m.fit < 0.02  # 1 / 81 ms is what was measured
+
+
+def test_the_worker_count_reaches_the_next_limit_not_a_doubling() -> None:
+    m = Model([interval(i) for i in range(20)], cpus=2)
+    # compute allows 1 / 22 ms (step + hand-over) = 45.5 steps/s; a worker makes 12.3
+    n = m.workers_to_next_limit()
+    assert n == 5  # ceil(45.5 * 81 ms * 1.15) = ceil(4.24)
+    p = m.predict(pm.more_workers(n), basis=["5 workers"])
+    assert p is not None and p.limit == "compute"
+    assert p.steps_per_s == pytest.approx(1 / 0.022, rel=0.02)
+    assert p.low < p.steps_per_s < p.high
+    assert p.basis[0] == "5 workers" and "steps/s each stage allows" in p.basis[-1]
+
+
+def test_no_more_workers_where_they_do_not_bind() -> None:
+    # fast workers: the loop's own step binds
+    m = Model([interval(i, step=0.022, wait=0.001, fetch=0.0005) for i in range(20)], cpus=2)
+    assert m.now is not None and m.now.limit == "compute"
+    assert m.workers_to_next_limit() is None
+    p = m.predict(pm.more_workers(4))
+    assert p is not None and p.gain == pytest.approx(1.0, abs=0.01)
+
+
+def test_predictions_scale_with_the_measured_rate() -> None:
+    # The same stage costs, but the run measured 20% below the model's rate (variance
+    # the mean costs miss): predictions carry the same factor, and the interval widens.
+    recs = [interval(i, step=0.081 / 0.8) for i in range(20)]
+    for r in recs:  # keep the compute cost as it was
+        r["train"]["data_wait"]["sum_s"] = (0.081 / 0.8 - 0.021) * 20
+    m = Model(recs, cpus=2)
+    p = m.predict(pm.more_workers(2))
+    assert p is not None
+    assert p.steps_per_s == pytest.approx(0.8 * 2 / 0.081, rel=0.03)
+    assert p.high - p.low >= 2 * 0.2 * p.steps_per_s * 0.95
+
+
+def test_no_model_without_stage_timing() -> None:
+    recs = [interval(i) for i in range(5)]
+    for r in recs:
+        del r["train"]["pipeline"]
+    m = Model(recs, cpus=2)
+    assert m.whole is None and m.predict(pm.more_workers(2)) is None
