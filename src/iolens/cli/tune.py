@@ -44,10 +44,13 @@ examples:
 """
 
 
-def add_source_arguments(p: argparse.ArgumentParser, seconds_help: str) -> None:
-    """The options ``iolens tune`` and ``iolens probe`` share: the data and the pace."""
+def add_source_arguments(p: argparse.ArgumentParser, seconds_help: str, *,
+                         required: bool = True) -> argparse._MutuallyExclusiveGroup:
+    """The options ``iolens tune`` and ``iolens probe`` share: the data and the pace.
+    Returns the group of --dataset and --folder, for a caller to add another source to
+    (then ``required=False``, and the caller checks that one is given)."""
     data = p.add_argument_group("the data")
-    one = data.add_mutually_exclusive_group(required=True)
+    one = data.add_mutually_exclusive_group(required=required)
     one.add_argument("--dataset", metavar="MODULE:FACTORY",
                      help="a callable that returns the torch Dataset to read")
     one.add_argument("--folder", metavar="DIR",
@@ -63,6 +66,7 @@ def add_source_arguments(p: argparse.ArgumentParser, seconds_help: str) -> None:
                    help="output format (default text)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no progress on stderr")
+    return one
 
 
 def check_source_arguments(ns: argparse.Namespace) -> tuple[int, ...]:
