@@ -16,7 +16,10 @@ between them (the assertion messages give every run's figure).
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,13 +86,24 @@ def first_fix(report: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def follow(tmp_path: Path, rec: dict[str, Any], *args: str) -> list[float]:
-    """Two runs with the change made; their measured steps per second."""
+    """Two runs with the change made; their measured steps per second. `iolens compare`
+    of the run before against the first finds the change and sets the prediction it
+    made beside the throughput measured."""
     out = []
     for i in range(2):
         d = tmp_path / f"after{i}"
         d.mkdir()
         report, _ = run_case(d, TRAIN, *args)
         out.append(measured(report))
+    cmp = subprocess.run([sys.executable, "-m", "iolens", "compare", str(tmp_path / "run"),
+                          str(tmp_path / "after0" / "run"), "--format", "json"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    proof = json.loads(cmp.stdout)["prediction"]
+    assert set(rec["change"]) <= set(proof["change"]), (rec, proof)
+    assert proof["predicted"]["steps_per_s"] == pytest.approx(
+        rec["prediction"]["steps_per_s"], rel=0.01), proof
+    assert proof["measured_steps_per_s"] == pytest.approx(out[0], rel=0.05), (proof, out)
+    assert proof["held"] is (abs(proof["error"]) <= 0.25), proof
     return out
 
 
@@ -105,7 +119,7 @@ def held(rec: dict[str, Any], after: list[float]) -> None:
 @pytest.mark.parametrize("workers", [1, 0])
 def test_remote_waits_get_the_workers_that_reach_the_step_rate(tmp_path: Path,
                                                                 workers: int) -> None:
-    before, err = run_case(tmp_path, TRAIN, "remote", SECONDS, str(workers), "0.005")
+    before, _ = run_case(tmp_path, TRAIN, "remote", SECONDS, str(workers), "0.005")
     rec = first_fix(before, "num_workers")
     n = rec["change"]["num_workers"]
     p = rec["prediction"]

@@ -71,8 +71,9 @@ from operator import itemgetter
 from typing import Any
 
 from iolens._errors import IolensError
+from iolens.analysis.proof import prove
 from iolens.analysis.rundata import RunData
-from iolens.analysis.verdict import diagnose
+from iolens.analysis.verdict import Verdict, diagnose
 from iolens.rundir import records as trecords
 from iolens.rundir.timing import TrainingAggregator, distribution, timing_pid
 
@@ -557,6 +558,9 @@ class Comparison:
     warnings: list[str] = field(default_factory=list)
     resamples: int = RESAMPLES
     seed: int = SEED
+    proof: dict[str, Any] | None = None
+    """BEFORE's prediction for the change NEW made, against what NEW measured
+    (iolens.analysis.proof)."""
 
     @property
     def class_changed(self) -> bool:
@@ -607,7 +611,8 @@ def _dist_intervals(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _side(run: RunData, batches: BatchSamples | None, iv: IntervalSamples) -> RunSide:
+def _side(run: RunData, batches: BatchSamples | None, iv: IntervalSamples,
+          verdict: Verdict) -> RunSide:
     meta = run.meta
     notes = list(run.notes)
     for st in meta.get("timing") or []:
@@ -622,7 +627,7 @@ def _side(run: RunData, batches: BatchSamples | None, iv: IntervalSamples) -> Ru
         dist = _dist_intervals(run.records)
     dist["same_kind"], dist["note"] = True, None
     return RunSide(os.path.abspath(run.path), source, count, len(run.records), every,
-                   meta.get("exit_code"), notes, diagnose(run.records, meta).to_dict(), dist)
+                   meta.get("exit_code"), notes, verdict.to_dict(), dist)
 
 
 def _judge(res: MetricResult, ci: Interval | None, short: str | None) -> None:
@@ -831,10 +836,13 @@ def compare_runs(base: RunData, new: RunData, *, resamples: int = RESAMPLES,
         code = run.meta.get("exit_code")
         if isinstance(code, int) and code != 0:
             warnings.append(f"{label}'s job exited with code {code}")
-    side_b, side_n = _side(base, bb, ib), _side(new, bn, inn)
+    vb, vn = diagnose(base.records, base.meta), diagnose(new.records, new.meta)
+    side_b, side_n = _side(base, bb, ib, vb), _side(new, bn, inn, vn)
     if source == MIXED and (ib if bb is None else inn).timed:  # both runs have figures
         _mark_mixed(side_b, side_n)
-    return Comparison(side_b, side_n, source, results, warnings, resamples, seed)
+    thr = next((m.to_dict() for m in results if m.spec.id == "throughput"), None)
+    proof = prove(vb, vn, base.records, new.records, thr)
+    return Comparison(side_b, side_n, source, results, warnings, resamples, seed, proof)
 
 
 def _mark_mixed(base: RunSide, new: RunSide) -> None:
@@ -997,6 +1005,7 @@ def to_dict(cmp: Comparison, gate: Sequence[GateResult] | None = None, *,
         "metrics": [m.to_dict() for m in cmp.metrics],
         "verdicts": {"base": cmp.base.verdict, "new": cmp.new.verdict,
                      "class_changed": cmp.class_changed},
+        "prediction": cmp.proof,
         "fail_on": [g.to_dict() for g in gate],
         "strict": strict,
         "warnings": cmp.warnings,

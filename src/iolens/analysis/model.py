@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from iolens.analysis.pipeline import pipeline
+from iolens.analysis.pipeline import Pipeline, pipeline
 
 LIMITS = ("compute", "handover", "workers", "cpu", "storage")
 HANDOVER_NAMED = 0.25
@@ -238,7 +238,7 @@ def figures(records: Sequence[dict[str, Any]], cpus: int | None,
     fetch = pipe.fetch_s / pipe.samples
     fetch_cpu = min(fetch, pipe.fetch_cpu_s / pipe.samples)
     collate = pipe.collate_s / pipe.batches
-    handover = pipe.handover_s_per_batch or 0.0
+    handover = _loop_handover(pipe)
     in_process = pipe.in_process and workers == 0
     made_cpu = per * fetch_cpu + collate
     # The training process's CPU beyond its own fetch; the workers' at least what their
@@ -262,6 +262,21 @@ def figures(records: Sequence[dict[str, Any]], cpus: int | None,
         fetch_cpu_s=fetch_cpu, collate_s=collate, epoch_start_s=extra, cores=cores,
         main_cpu_s=main_s, loader_cpu_s=loader, storage_sps=storage_sps,
         in_process=in_process)
+
+
+def _loop_handover(pipe: Pipeline) -> float:
+    """The loop's own cost of a hand-over per batch. Workers idle behind the loop hand
+    over batches that are ready: the hand-over is then the loop's own work (unpickling,
+    pin_memory), in series with its step. Busy workers hand over late, and the figure also
+    holds the time a worker's queue took to send the batch, which overlaps the other
+    workers' batches (a worker busy on the CPU starves its own sending thread of the
+    GIL): that part counts at most HANDOVER_PRIOR_S. In between, in proportion to the
+    workers' idle share."""
+    h = pipe.handover_s_per_batch or 0.0
+    idle = pipe.worker_idle_share
+    if idle is None:
+        return h
+    return idle * h + (1 - idle) * min(h, HANDOVER_PRIOR_S)
 
 
 # -- predictions -------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from iolens.analysis.longrun import (
     fold_records,
     is_duplicate,
 )
-from iolens.rundir import META, RECORDS, SCHEMA_VERSION
+from iolens.rundir import META, RECORDS, SCHEMA_VERSION, STORAGE_PROBE
 
 
 @dataclass
@@ -64,6 +64,7 @@ def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS) -> RunDat
         notes.append(f"{META} is missing (the recorder did not start, or it was removed)")
     except (OSError, ValueError, RecursionError) as exc:
         notes.append(f"{META} could not be read ({_short(exc)}); ignored")
+    _add_probe(path, meta, notes)
     rec_path = os.path.join(path, RECORDS)
     if not os.path.exists(rec_path) and not meta:
         if os.path.exists(meta_path):  # there, but unusable: say so, not "no meta.json"
@@ -213,3 +214,22 @@ def _no_constant(name: str) -> Any:
     # The recorder never writes NaN or Infinity (and orjson, on the long-run path,
     # refuses them); the json module would accept them, so refuse them here too.
     raise ValueError(f"{name} is not JSON")
+
+
+def _add_probe(path: str, meta: dict[str, Any], notes: list[str]) -> None:
+    """The storage probe's result beside the run (``iolens probe --storage PATH --run
+    DIR``) into ``meta["storage_probe"]``, for the verdict; a damaged one is noted."""
+    if not meta:
+        return
+    try:
+        with open(os.path.join(path, STORAGE_PROBE), "rb") as fh:
+            probe = json.loads(fh.read(), parse_constant=_no_constant)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, RecursionError) as exc:
+        notes.append(f"{STORAGE_PROBE} could not be read ({_short(exc)}); ignored")
+        return
+    if isinstance(probe, dict):
+        meta["storage_probe"] = probe
+    else:
+        notes.append(f"{STORAGE_PROBE} is not a JSON object; ignored")

@@ -243,6 +243,15 @@ def _render_text(obj: dict[str, Any]) -> str:
     else:
         parts.append(Text(f"  the class is unchanged: {vb.get('class')}"))
 
+    proof = obj.get("prediction")
+    if isinstance(proof, dict) and proof.get("change"):
+        from iolens.analysis.proof import text as proof_text  # noqa: PLC0415
+
+        parts.append(Text("prediction (BEFORE's, for the change NEW made)", style="bold"))
+        held = proof.get("held")
+        parts.append(Text(f"  {proof_text(proof)}", style="green" if held else
+                          "bold red" if held is False else ""))
+
     if obj["fail_on"]:
         parts.append(Text(""))
         parts.append(Text("fail-on" + (" (strict)" if obj["strict"] else ""), style="bold"))

@@ -19,6 +19,7 @@ from iolens.cli.tune import (
     measure_and_print,
     standalone,
 )
+from iolens.rundir import STORAGE_PROBE
 
 _EPILOG = """\
 the data (one of):
@@ -81,8 +82,6 @@ examples:
   iolens probe --storage /data/train --run runs/20240501-120000-train
 """
 
-STORAGE_RESULT = "storage_probe.json"
-"""The file ``--run DIR`` writes the storage probe's result to."""
 _STAGE_SECONDS = 5.0
 """The stage probe's default --seconds (per stage)."""
 _STORAGE_SECONDS = 6.0
@@ -129,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     storage.add_argument("--concurrency", type=int, metavar="K",
                          help="random reads in flight in the parallel phase (default 8)")
     storage.add_argument("--run", metavar="DIR",
-                         help=f"also write the result to DIR/{STORAGE_RESULT}, DIR being an "
+                         help=f"also write the result to DIR/{STORAGE_PROBE}, DIR being an "
                               "iolens run directory")
     return p
 
@@ -218,7 +217,7 @@ def _run_storage(ns: argparse.Namespace) -> int:
             from iolens.rundir import write_atomic  # noqa: PLC0415
 
             data = json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n"
-            write_atomic(os.path.join(ns.run, STORAGE_RESULT), data.encode())
+            write_atomic(os.path.join(ns.run, STORAGE_PROBE), data.encode())
         return result
 
     return measure_and_print(ns, "iolens probe", 4, measure, render=render_text,

@@ -39,6 +39,8 @@ from typing import Any
 SCHEMA_VERSION = 2
 RECORDS = "records.jsonl"
 META = "meta.json"
+STORAGE_PROBE = "storage_probe.json"
+"""``iolens probe --storage PATH --run DIR`` writes its result here; the verdict reads it."""
 
 
 def default_run_dir(base: str, command: list[str]) -> str:

@@ -1,0 +1,136 @@
+"""The proof of a prediction: the run after a fix against what the run before predicted.
+
+``iolens compare BEFORE AFTER`` finds what AFTER changed against BEFORE (the
+DataLoader's num_workers, what serves the dataset, the files per sample, the
+per-sample CPU cost, the hand-over, the epoch starts) and the recommendation of
+BEFORE's verdict that makes that change. Its prediction is then set beside the
+throughput AFTER measured, with the bootstrap interval of the comparison. For
+num_workers the model of BEFORE predicts the count AFTER used, whether or not it
+is the one advised. A prediction holds when the measured throughput is within
+HELD_TOLERANCE of it; one that fails is a bug of the model to learn from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from iolens.analysis import model as pm
+from iolens.analysis.pipeline import pipeline
+from iolens.analysis.verdict import Verdict
+
+HELD_TOLERANCE = 0.25
+"""A prediction holds when the throughput measured after the change is within 25% of it."""
+CHANGED = 0.8
+"""A stage cost that fell to 80% of BEFORE's or less was changed (the runs of one setting
+vary by a few percent)."""
+PACKED = 0.25
+"""Files per sample that fell to a quarter or less: the dataset was packed."""
+
+
+def _dict(d: Any) -> dict[str, Any]:
+    return d if isinstance(d, dict) else {}
+
+
+def _top(v: dict[str, Any]) -> dict[str, Any]:
+    s = v.get("storage") or []
+    return _dict(s[0]) if s else {}
+
+
+def changes(before: Verdict, after: Verdict, before_records: Sequence[dict[str, Any]],
+            after_records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What AFTER changed against BEFORE, in the keys of a recommendation's ``change``."""
+    out: dict[str, Any] = {}
+    mb, ma = before.model, after.model
+    fb = mb.whole if mb is not None else None
+    fa = ma.whole if ma is not None else None
+    if fb is not None and fa is not None:
+        if fa.workers != fb.workers:
+            out["num_workers"] = fa.workers
+        if fb.fetch_cpu_s > 0 and fa.fetch_cpu_s <= CHANGED * fb.fetch_cpu_s:
+            out["fetch_cpu"] = round(fa.fetch_cpu_s / fb.fetch_cpu_s, 3)
+        if fb.handover_s > 0 and fa.handover_s <= CHANGED * fb.handover_s and (
+                fa.workers == fb.workers):
+            out["handover"] = round(fa.handover_s / fb.handover_s, 3)
+        if fb.epoch_start_s > 0 and fa.epoch_start_s <= (1 - CHANGED) * fb.epoch_start_s:
+            out["persistent_workers"] = True
+    pb, pa = pipeline(before_records), pipeline(after_records)
+    files_b = pb.files_per_sample if pb is not None else None
+    files_a = pa.files_per_sample if pa is not None else None
+    if files_b and files_a is not None and files_a <= PACKED * files_b:
+        out["pack"] = True
+    tb, ta = _top(before.to_dict()), _top(after.to_dict())
+    if tb and ta and (tb.get("mount"), tb.get("device")) != (ta.get("mount"), ta.get("device")):
+        out["storage"] = "ram" if ta.get("kind") == "tmpfs" else str(ta.get("mount"))
+    return out
+
+
+def _recs(v: Verdict) -> list[Any]:
+    return list(v.recommendations) + list(v.declined) + [
+        r for f in v.findings for r in f.recommendations]
+
+
+def prove(before: Verdict, after: Verdict, before_records: Sequence[dict[str, Any]],
+          after_records: Sequence[dict[str, Any]], throughput: dict[str, Any] | None
+          ) -> dict[str, Any]:
+    """The ``prediction`` object of ``iolens compare``: the change found, the prediction
+    BEFORE made for it, the throughput AFTER measured with its interval, and whether the
+    prediction held; or why there is none (``{"change": ..., "why": ...}``)."""
+    found = changes(before, after, before_records, after_records)
+    if not found:
+        return {"change": found, "why": "NEW changes nothing the verdict predicts for "
+                "(num_workers, the storage, a pack, the CPU per sample, the hand-over, the "
+                "epoch starts)"}
+    pred = None
+    action = None
+    n = found.get("num_workers")
+    if n is not None and before.model is not None and len(found) == 1:
+        pred = before.model.predict(pm.more_workers(int(n)), basis=[f"{n} workers"])
+        advised = next((r for r in _recs(before)
+                        if (r.change or {}).get("num_workers") == n), None)
+        action = advised.action if advised is not None else (
+            f"num_workers {before.model.whole.workers if before.model.whole else '?'} "
+            f"to {n} (not the count advised)")
+    else:
+        keys = set(found) - {"num_workers"} if n is None else set(found)
+        for r in _recs(before):
+            if r.prediction is not None and r.change and set(r.change) & keys:
+                pred, action = r.prediction, r.action
+                break
+    if pred is None:
+        return {"change": found, "why": "BEFORE's verdict has no prediction for this change"
+                + (" (more than one thing changed)" if len(found) > 1 else "")}
+    out: dict[str, Any] = {"change": found, "action": action, "predicted": pred.to_dict()}
+    t = _dict(throughput)
+    new, base = t.get("new"), t.get("base")
+    if not isinstance(new, (int, float)) or new <= 0:
+        out["why"] = "NEW has no measured throughput"
+        return out
+    lo, hi = t.get("ci_low"), t.get("ci_high")
+    err = new / pred.steps_per_s - 1 if pred.steps_per_s > 0 else None
+    out.update({
+        "measured_steps_per_s": round(new, 3),
+        "measured_low": round(base * (1 + lo / 100), 3)
+        if isinstance(base, (int, float)) and isinstance(lo, (int, float)) else None,
+        "measured_high": round(base * (1 + hi / 100), 3)
+        if isinstance(base, (int, float)) and isinstance(hi, (int, float)) else None,
+        "error": round(err, 4) if err is not None else None,
+        "within_interval": pred.low <= new <= pred.high,
+        "held": err is not None and abs(err) <= HELD_TOLERANCE,
+        "tolerance": HELD_TOLERANCE,
+    })
+    return out
+
+
+def text(p: dict[str, Any]) -> str:
+    """The proof in one line."""
+    if "predicted" not in p or "measured_steps_per_s" not in p:
+        return f"no prediction to check: {p.get('why')}"
+    q = p["predicted"]
+    ci = (f" (95% CI {p['measured_low']:.3g}-{p['measured_high']:.3g})"
+          if p.get("measured_low") is not None and p.get("measured_high") is not None else "")
+    verdict = "held" if p["held"] else "FAILED"
+    return (f"{p['action']}: predicted {q['steps_per_s']:.3g} steps/s ({q['low']:.3g}-"
+            f"{q['high']:.3g}, then {q['limit']}-bound), measured "
+            f"{p['measured_steps_per_s']:.3g}{ci}: {verdict} ({p['error'] * 100:+.0f}%, "
+            f"tolerance {p['tolerance'] * 100:.0f}%)")
