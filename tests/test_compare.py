@@ -267,8 +267,8 @@ def test_json_object_has_the_documented_fields(tmp_path: Path) -> None:
     assert out.returncode == 1, out.stderr
     assert "regression: step-time:5%" in out.stderr
     o = json.loads(out.stdout)
-    assert set(o) == {"compare_schema", "base", "new", "method", "metrics", "verdicts", "prediction",
-                      "fail_on", "strict", "warnings", "regressed"}
+    assert set(o) == {"compare_schema", "base", "new", "method", "metrics", "verdicts",
+                      "prediction", "fail_on", "strict", "warnings", "regressed"}
     assert o["compare_schema"] == 1 and o["regressed"] is True and o["strict"] is False
     assert o["base"]["path"] == str(base) and o["new"]["intervals"] == 30
     assert o["base"]["batches"] == 300

@@ -50,6 +50,8 @@ time, and a worker short of the rate leaves the loop waiting."""
 MAX_WORKERS = 64
 """No more workers than this are advised (each is a process with its own memory)."""
 PARTS = 5
+CPU_SKIP_FROM = 4
+"""From this many timed intervals on, the first and last are left out of the CPU per step."""
 """The run is cut into this many parts for the spread of a prediction."""
 HANDOVER_PRIOR_S = 0.002
 """A run without workers has no hand-over to measure; a batch of tensors takes about 2 ms
@@ -142,8 +144,13 @@ def more_workers(n: int) -> Change:
 
 
 def cached() -> Change:
-    """The dataset in RAM: no storage limit, the fetch's blocked part gone."""
-    return lambda f: dataclasses.replace(f, storage_sps=None, fetch_s=f.fetch_cpu_s)
+    """The dataset in RAM: no storage limit, the fetch's blocked part gone (from the
+    epochs' first batches too, which wait for the first fetches)."""
+    def apply(f: Figures) -> Figures:
+        kept = f.fetch_cpu_s / f.fetch_s if f.fetch_s > 0 else 1.0
+        return dataclasses.replace(f, storage_sps=None, fetch_s=f.fetch_cpu_s,
+                                   epoch_start_s=f.epoch_start_s * kept)
+    return apply
 
 
 def storage_at(samples_per_s: float, fetch_s: float | None = None) -> Change:
@@ -211,23 +218,29 @@ def figures(records: Sequence[dict[str, Any]], cpus: int | None,
     stages were not timed (no pipeline figures) or no step was. ``workers``: the run's
     num_workers (default: as declared in ``records``)."""
     pipe = pipeline(records)
-    batches = step = wait = starts = secs = 0.0
-    main_cpu = worker_cpu = job_cpu = busy = 0.0
+    batches = step = wait = starts = 0.0
     for r in records:
         t = _train(r)
         batches += _num(t, "batches")
         step += _num(t.get("step"), "sum_s")
         wait += _num(t.get("data_wait"), "sum_s")
         starts += _num(t.get("epoch_start_wait"), "sum_s")
+    # The CPU per step leaves out the first and the last timed intervals: they hold the
+    # end of the start-up (imports, listing the dataset, starting workers) and the start
+    # of the shutdown, which a step does not.
+    steady = records[1:-1] if len(records) >= CPU_SKIP_FROM else records
+    secs = cpu_batches = main_cpu = worker_cpu = job_cpu = busy = 0.0
+    for r in steady:
         s = _num(r, "interval_s")
         secs += s
+        cpu_batches += _num(_train(r), "batches")
         main_cpu += _num(_role(r, "main"), "cpu_pct") / 100 * s
         worker_cpu += _num(_role(r, "worker"), "cpu_pct") / 100 * s
-        job = r.get("job")
-        job_cpu += _num(job, "cpu_pct") / 100 * s
+        job_cpu += _num(r.get("job"), "cpu_pct") / 100 * s
         c = r.get("cpu")
         if isinstance(c, dict) and c and cpus:
             busy += cpus * (100 - _num(c, "idle") - _num(c, "iowait")) / 100 * s
+    cpu_batches = cpu_batches or batches
     if pipe is None or batches <= 0 or step <= 0 or not pipe.samples:
         return None
     if workers is None:
@@ -243,8 +256,8 @@ def figures(records: Sequence[dict[str, Any]], cpus: int | None,
     made_cpu = per * fetch_cpu + collate
     # The training process's CPU beyond its own fetch; the workers' at least what their
     # fetch and collate took on the CPU (they also pickle and wait on queues).
-    main_s = main_cpu / batches
-    loader = made_cpu if in_process else max(made_cpu, worker_cpu / batches)
+    main_s = main_cpu / cpu_batches
+    loader = made_cpu if in_process else max(made_cpu, worker_cpu / cpu_batches)
     main_s = max(0.0, main_s - made_cpu) if in_process else main_s
     cores = None
     if cpus and secs > 0:
@@ -349,8 +362,11 @@ class Model:
         # Calibrated on the run itself: the measured rate times what the change does to
         # the model's rate (the model's own error on the run as it was cancels).
         point = self.whole.steps_per_s * _ratio(after, rate(self.whole))
+        # The first and last parts hold the start-up and the shutdown: the spread is
+        # over the parts between them.
+        middle = self.parts[1:-1] if len(self.parts) >= 4 else self.parts
         spread = [p.steps_per_s * _ratio(rate(change(p), workers), rate(p))
-                  for p in self.parts]
+                  for p in middle]
         rel = [abs(s / point - 1) for s in spread if point > 0]
         u = min(MAX_SPREAD, max(MIN_SPREAD, self.fit or 0.0,
                                 statistics.median(rel) * 2 if rel else 0.0))

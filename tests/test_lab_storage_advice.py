@@ -1,0 +1,158 @@
+"""Storage advice followed, on a real slow disk (a throttled loop device): the run with the
+command alone, the storage probe the verdict offers, the advice it settles, and the fix.
+
+- a disk that limits bytes (8 MiB/s, as a cloud volume's throughput cap) under 64 KiB
+  files: the probe finds the bandwidth limit, packing is declined (it would read the
+  same bytes; the review saw a pack make such a run 2.5x slower), and the cache it
+  advises is followed: the dataset copied to /dev/shm, the run again, the throughput
+  held against the prediction, and `iolens compare` says whether it held;
+- a disk that limits requests (IOPS) under the same files: the probe finds the request
+  limit and packing is advised with a prediction.
+
+The training joins the slow disk's blkio group itself: that is the lab's stand-in for a
+slow device, not a hint to iolens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import need
+from tests.test_lab import run_case
+
+pytest.importorskip("torch")
+
+FILES = 1200  # 75 MiB: more than a run reads at 8 MiB/s, so no file is read twice
+KIB = 64
+
+TRAIN = """
+import os, sys, time, torch
+from torch.utils.data import DataLoader, Dataset
+torch.set_num_threads(1)
+D, SECONDS, CGROUP = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+if CGROUP != "-":  # the slow disk's readers
+    with open(os.path.join(CGROUP, "cgroup.procs"), "w") as fh:
+        fh.write(str(os.getpid()))
+NAMES = sorted(os.listdir(D))
+
+class Files(Dataset):
+    def __len__(self):
+        return len(NAMES)
+    def __getitem__(self, i):
+        with open(os.path.join(D, NAMES[i]), "rb") as fh:
+            data = fh.read()
+        return torch.frombuffer(bytearray(data[:256]), dtype=torch.uint8).float(), i % 4
+
+loader = DataLoader(Files(), batch_size=16, num_workers=2, shuffle=True,
+                    persistent_workers=True)
+end = time.monotonic() + SECONDS
+while time.monotonic() < end:
+    for x, y in loader:
+        time.sleep(0.005)  # the model step
+        if time.monotonic() > end:
+            break
+print("done")
+"""
+
+
+def need_slow_disk() -> None:
+    from iolens.demo.slowdisk import missing_requirements
+
+    need(os.geteuid() == 0, "needs root to attach loop devices and make blkio cgroups")
+    missing = missing_requirements()
+    need(not missing, "cannot make a slow disk here: needs " + "; ".join(missing))
+
+
+def iolens(*args: str, cgroup: str | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "iolens", *args]
+    if cgroup is not None:  # run where the job's reads are throttled, as the job is
+        cmd = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
+
+
+@pytest.fixture
+def dataset_disk(request: pytest.FixtureRequest) -> Iterator[Any]:
+    from iolens.demo.slowdisk import SlowDisk
+
+    need_slow_disk()
+    with SlowDisk(160 << 20, **request.param) as disk:
+        data = Path(disk.mount_point) / "data"
+        data.mkdir()
+        for i in range(FILES):
+            (data / f"{i:05d}.bin").write_bytes(os.urandom(KIB << 10))
+        disk.evict()
+        yield disk
+
+
+def report(run: Path) -> dict[str, Any]:
+    out = iolens("report", str(run), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    return dict(json.loads(out.stdout))
+
+
+@pytest.mark.parametrize("dataset_disk", [{"read_bps": 8 << 20}], indirect=True)
+def test_a_bandwidth_cap_is_not_packed_and_the_cache_it_advises_holds(
+        tmp_path: Path, dataset_disk: Any) -> None:
+    disk = dataset_disk
+    data = Path(disk.mount_point) / "data"
+    first, err = run_case(tmp_path, TRAIN, str(data), "8", disk.cgroup)
+    v = first["verdict"]
+    assert v["class"] == "storage-bound", (v, err)
+    assert any("iolens probe --storage" in r["action"] for r in v["recommendations"]), v
+    # the probe the verdict offers, run as it says, where the job runs
+    probe = iolens("probe", "--storage", str(data), "--run", str(tmp_path / "run"),
+                   "--format", "json", cgroup=disk.cgroup)
+    assert probe.returncode == 0, probe.stderr
+    assert json.loads(probe.stdout)["limit"] == "bandwidth", probe.stdout
+    v = report(tmp_path / "run")["verdict"]
+    assert any("limits bytes" in e for e in v["evidence"]), v["evidence"]
+    assert not any("pack" in (r.get("change") or {}) for r in v["recommendations"]), v
+    assert any("pack" in (r.get("change") or {}) for r in v["declined"]), v["declined"]
+    cache = v["recommendations"][0]
+    assert cache["change"] == {"storage": "ram"} and cache["prediction"], cache
+    # followed: the dataset in RAM, the same training again (twice)
+    shm = Path("/dev/shm") / f"iolens-lab-{os.getpid()}"
+    shutil.copytree(data, shm)
+    try:
+        after = []
+        for i in range(2):
+            d = tmp_path / f"after{i}"
+            d.mkdir()
+            rep, _ = run_case(d, TRAIN, str(shm), "8", "-")
+            after.append(float(rep["verdict"]["figures"]["steps_per_s"]))
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    p = cache["prediction"]
+    mean = sum(after) / len(after)
+    assert abs(mean / p["steps_per_s"] - 1) <= 0.25, (p, after)
+    cmp = iolens("compare", str(tmp_path / "run"), str(tmp_path / "after0" / "run"),
+                 "--format", "json")
+    proof = json.loads(cmp.stdout)["prediction"]
+    assert proof["change"].get("storage") == "ram", proof
+    assert proof["held"] is (abs(proof["error"]) <= 0.25), proof
+
+
+@pytest.mark.parametrize("dataset_disk", [{"read_iops": 150}], indirect=True)
+def test_a_request_cap_is_packed_with_a_prediction(tmp_path: Path, dataset_disk: Any) -> None:
+    disk = dataset_disk
+    data = Path(disk.mount_point) / "data"
+    first, err = run_case(tmp_path, TRAIN, str(data), "8", disk.cgroup)
+    assert first["verdict"]["class"] == "storage-bound", (first["verdict"], err)
+    probe = iolens("probe", "--storage", str(data), "--run", str(tmp_path / "run"),
+                   "--format", "json", cgroup=disk.cgroup)
+    assert probe.returncode == 0, probe.stderr
+    assert json.loads(probe.stdout)["limit"] == "iops", probe.stdout
+    v = report(tmp_path / "run")["verdict"]
+    pack = next(r for r in v["recommendations"] if "pack" in (r.get("change") or {}))
+    p = pack["prediction"]
+    assert p is not None and p["steps_per_s"] > 1.5 * p["now_steps_per_s"], pack
+    assert "limits requests" in pack["because"], pack
