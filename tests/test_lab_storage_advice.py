@@ -156,3 +156,47 @@ def test_a_request_cap_is_packed_with_a_prediction(tmp_path: Path, dataset_disk:
     p = pack["prediction"]
     assert p is not None and p["steps_per_s"] > 1.5 * p["now_steps_per_s"], pack
     assert "limits requests" in pack["because"], pack
+
+
+def test_a_rate_limited_store_gets_no_more_workers_and_more_do_not_help(
+        tmp_path: Path) -> None:
+    """rclone over loopback WebDAV at 20 requests/s: the probe finds the rate limit, more
+    workers are predicted to gain nothing, and a run with them (on a fresh mount, so that
+    no page is cached) gains nothing."""
+    from tests.fuselab import fuse_lab_skip_reason, slow_fuse
+    from tests.test_lab_pipeline import FILES as FUSE_TRAIN
+
+    reason = fuse_lab_skip_reason()
+    need(reason is None, reason or "")
+    src = tmp_path / "bucket"
+    src.mkdir()
+    for i in range(300):
+        (src / f"{i:04d}.bin").write_bytes(os.urandom(32 << 10))
+    before_dir = tmp_path / "before"
+    before_dir.mkdir()
+    with slow_fuse(str(src), 20, tmp=tmp_path / "m1") as lab:
+        first, err = run_case(before_dir, FUSE_TRAIN, lab.mount_point, "8", "2", "0.005")
+        assert first["verdict"]["class"] == "storage-bound", (first["verdict"], err)
+        probe = iolens("probe", "--storage", lab.mount_point, "--run",
+                       str(before_dir / "run"), "--format", "json")
+    assert probe.returncode == 0, probe.stderr
+    assert json.loads(probe.stdout)["limit"] == "rate", probe.stdout
+    v = report(before_dir / "run")["verdict"]
+    assert any("rate limit" in e for e in v["evidence"]), v["evidence"]
+    assert not any(r["action"].startswith("raise num_workers") for r in v["recommendations"])
+    rec = next(r for r in v["recommendations"] if r["action"].startswith("do not add"))
+    p = rec["prediction"]
+    assert p["steps_per_s"] < 1.05 * p["now_steps_per_s"], rec
+    assert any((r.get("change") or {}) == {"storage": "ram"} and r["prediction"]
+               for r in v["recommendations"]), v["recommendations"]
+    # the counterfactual: the workers it advises against
+    n = str(rec["change"]["num_workers"])
+    after = []
+    for i in range(2):
+        d = tmp_path / f"after{i}"
+        d.mkdir()
+        with slow_fuse(str(src), 20, tmp=tmp_path / f"m{i + 2}") as lab:
+            rep, _ = run_case(d, FUSE_TRAIN, lab.mount_point, "8", n, "0.005")
+        after.append(float(rep["verdict"]["figures"]["steps_per_s"]))
+    mean = sum(after) / len(after)
+    assert abs(mean / p["steps_per_s"] - 1) <= 0.25, (p, after)
