@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iolens.analysis.pipeline import Pipeline, pipeline
+from iolens.analysis.pipeline import amount as _num
 
 LIMITS = ("compute", "handover", "workers", "cpu", "storage")
 HANDOVER_NAMED = 0.25
@@ -184,15 +185,6 @@ def no_epoch_starts() -> Change:
 
 
 # -- from a run's records ---------------------------------------------------------------
-
-
-def _num(d: Any, key: str) -> float:
-    try:
-        v = d.get(key) if isinstance(d, dict) else None
-        x = float(v) if v is not None else 0.0
-    except (TypeError, ValueError):
-        return 0.0
-    return x if math.isfinite(x) and x > 0 else 0.0
 
 
 def _train(rec: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def _num(d: Any, key: str) -> float:
+def amount(d: Any, key: str) -> float:
     """A finite, non-negative figure of ``d``, else 0 (a damaged record hides nothing)."""
     try:
         v = d.get(key) if isinstance(d, dict) else None
@@ -26,7 +26,7 @@ def _num(d: Any, key: str) -> float:
 
 
 def _secs(rec: dict[str, Any]) -> float:
-    return max(0.0, _num(rec, "interval_s"))
+    return max(0.0, amount(rec, "interval_s"))
 
 
 def _pipe(rec: dict[str, Any]) -> dict[str, Any]:
@@ -133,25 +133,25 @@ def pipeline(records: Iterable[dict[str, Any]]) -> Pipeline | None:
         p = _pipe(rec)
         if not p:
             continue
-        n = int(_num(p, "batches"))
+        n = int(amount(p, "batches"))
         batches += n
-        samples += int(_num(p, "samples"))
-        fetch += _num(p, "fetch_s")
-        cpu += _num(p, "fetch_cpu_s")
-        collate += _num(p, "collate_s")
-        idle += _num(p, "idle_s")
-        files += int(_num(p, "files"))
-        processes = max(processes, int(_num(p, "processes")))
+        samples += int(amount(p, "samples"))
+        fetch += amount(p, "fetch_s")
+        cpu += amount(p, "fetch_cpu_s")
+        collate += amount(p, "collate_s")
+        idle += amount(p, "idle_s")
+        files += int(amount(p, "files"))
+        processes = max(processes, int(amount(p, "processes")))
         h = p.get("handover")
-        handovers += int(_num(h, "count"))
-        handover += _num(h, "sum_s")
+        handovers += int(amount(h, "count"))
+        handover += amount(h, "sum_s")
         inproc = p.get("in_process") is True
         in_process = in_process or (inproc and n > 0)
         roles = ((rec.get("job") or {}).get("roles") or {}) if isinstance(rec.get("job"),
                                                                            dict) else {}
         role = roles.get("main" if inproc else "worker") if isinstance(roles, dict) else None
-        read += _num(role, "rchar_s") * _secs(rec)
-        disk += _num(role, "read_bytes_s") * _secs(rec)
+        read += amount(role, "rchar_s") * _secs(rec)
+        disk += amount(role, "read_bytes_s") * _secs(rec)
     if batches == 0:
         return None
     return Pipeline(batches, samples, fetch, cpu, collate, idle, files, handovers, handover,
@@ -164,18 +164,18 @@ def stage_series(records: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
     out = []
     for rec in records:
         p = _pipe(rec)
-        n = _num(p, "batches")
+        n = amount(p, "batches")
         if n <= 0:
             continue
-        fetch, cpu = _num(p, "fetch_s"), _num(p, "fetch_cpu_s")
+        fetch, cpu = amount(p, "fetch_s"), amount(p, "fetch_cpu_s")
         h = p.get("handover")
-        hn = _num(h, "count")
+        hn = amount(h, "count")
         out.append({
-            "elapsed_s": _num(rec, "elapsed_s"),
+            "elapsed_s": amount(rec, "elapsed_s"),
             "fetch_cpu_s": cpu / n,
             "fetch_blocked_s": max(0.0, fetch - cpu) / n,
-            "collate_s": _num(p, "collate_s") / n,
-            "handover_s": _num(h, "sum_s") / hn if hn else 0.0,
-            "idle_s": _num(p, "idle_s") / n,
+            "collate_s": amount(p, "collate_s") / n,
+            "handover_s": amount(h, "sum_s") / hn if hn else 0.0,
+            "idle_s": amount(p, "idle_s") / n,
         })
     return out
