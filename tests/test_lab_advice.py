@@ -120,6 +120,10 @@ def held(rec: dict[str, Any], after: list[float]) -> None:
 def test_remote_waits_get_the_workers_that_reach_the_step_rate(tmp_path: Path,
                                                                 workers: int) -> None:
     before, _ = run_case(tmp_path, TRAIN, "remote", SECONDS, str(workers), "0.005")
+    v, pipe = before["verdict"], before["pipeline"]
+    assert v["class"] == "loader-starved", v
+    assert pipe["fetch_blocked_share"] > 0.7, pipe
+    assert any("reads no dataset file" in e for e in v["evidence"]), v
     rec = first_fix(before, "num_workers")
     n = rec["change"]["num_workers"]
     p = rec["prediction"]
@@ -134,7 +138,13 @@ def test_remote_waits_get_the_workers_that_reach_the_step_rate(tmp_path: Path,
 
 def test_cpu_heavy_samples_with_a_free_core_get_one_more_worker(tmp_path: Path) -> None:
     before, _ = run_case(tmp_path, TRAIN, "cpu", SECONDS, "1", "0.02")
-    assert before["verdict"]["class"] == "cpu-bound-input", before["verdict"]
+    v = before["verdict"]
+    assert v["class"] == "cpu-bound-input" and v["severity"] == "high", v
+    assert before["pipeline"]["fetch_cpu_share"] > 0.7, before["pipeline"]
+    # Busy on the CPU: the verdict asks for 80% of a core, or half a core when the machine
+    # has none idle (this one is shared: other work may hold the rest).
+    assert before["processes"]["worker"]["cpu_pct"] >= rules.WORKER_CPU_SOME
+    assert "1 DataLoader workers at" in v["evidence"][0]
     rec = first_fix(before, "num_workers")
     # one worker keeps a core busy; the second core is free, a third worker would queue
     assert rec["change"]["num_workers"] == 2, rec
@@ -156,8 +166,10 @@ def test_cpu_heavy_samples_on_busy_cores_are_told_to_get_cheaper(tmp_path: Path)
 
 def test_idle_workers_behind_the_hand_over_gain_nothing_from_more(tmp_path: Path) -> None:
     before, _ = run_case(tmp_path, TRAIN, "handover", SECONDS, "2", "0")
-    v = before["verdict"]
+    v, pipe = before["verdict"], before["pipeline"]
     assert v["class"] == "handover-bound", v
+    assert pipe["worker_idle_share"] > 0.7 and pipe["handover_s_per_batch"] > 0.002, pipe
+    assert not any(r["action"].startswith("raise num_workers") for r in v["recommendations"])
     rec = v["recommendations"][0]
     assert rec["action"].startswith("do not add DataLoader workers"), rec
     p = rec["prediction"]

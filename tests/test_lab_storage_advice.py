@@ -104,7 +104,7 @@ def test_a_bandwidth_cap_is_not_packed_and_the_cache_it_advises_holds(
         tmp_path: Path, dataset_disk: Any) -> None:
     disk = dataset_disk
     data = Path(disk.mount_point) / "data"
-    first, err = run_case(tmp_path, TRAIN, str(data), "8", disk.cgroup)
+    first, err = run_case(tmp_path, TRAIN, str(data), "6", disk.cgroup)
     v = first["verdict"]
     assert v["class"] == "storage-bound", (v, err)
     assert any("iolens probe --storage" in r["action"] for r in v["recommendations"]), v
@@ -127,7 +127,7 @@ def test_a_bandwidth_cap_is_not_packed_and_the_cache_it_advises_holds(
         for i in range(2):
             d = tmp_path / f"after{i}"
             d.mkdir()
-            rep, _ = run_case(d, TRAIN, str(shm), "8", "-")
+            rep, _ = run_case(d, TRAIN, str(shm), "6", "-")
             after.append(float(rep["verdict"]["figures"]["steps_per_s"]))
     finally:
         shutil.rmtree(shm, ignore_errors=True)
@@ -145,7 +145,7 @@ def test_a_bandwidth_cap_is_not_packed_and_the_cache_it_advises_holds(
 def test_a_request_cap_is_packed_with_a_prediction(tmp_path: Path, dataset_disk: Any) -> None:
     disk = dataset_disk
     data = Path(disk.mount_point) / "data"
-    first, err = run_case(tmp_path, TRAIN, str(data), "8", disk.cgroup)
+    first, err = run_case(tmp_path, TRAIN, str(data), "6", disk.cgroup)
     assert first["verdict"]["class"] == "storage-bound", (first["verdict"], err)
     probe = iolens("probe", "--storage", str(data), "--run", str(tmp_path / "run"),
                    "--format", "json", cgroup=disk.cgroup)
@@ -175,7 +175,7 @@ def test_a_rate_limited_store_gets_no_more_workers_and_more_do_not_help(
     before_dir = tmp_path / "before"
     before_dir.mkdir()
     with slow_fuse(str(src), 20, tmp=tmp_path / "m1") as lab:
-        first, err = run_case(before_dir, FUSE_TRAIN, lab.mount_point, "8", "2", "0.005")
+        first, err = run_case(before_dir, FUSE_TRAIN, lab.mount_point, "6", "2", "0.005")
         assert first["verdict"]["class"] == "storage-bound", (first["verdict"], err)
         probe = iolens("probe", "--storage", lab.mount_point, "--run",
                        str(before_dir / "run"), "--format", "json")
@@ -196,7 +196,7 @@ def test_a_rate_limited_store_gets_no_more_workers_and_more_do_not_help(
         d = tmp_path / f"after{i}"
         d.mkdir()
         with slow_fuse(str(src), 20, tmp=tmp_path / f"m{i + 2}") as lab:
-            rep, _ = run_case(d, FUSE_TRAIN, lab.mount_point, "8", n, "0.005")
+            rep, _ = run_case(d, FUSE_TRAIN, lab.mount_point, "6", n, "0.005")
         after.append(float(rep["verdict"]["figures"]["steps_per_s"]))
     mean = sum(after) / len(after)
     assert abs(mean / p["steps_per_s"] - 1) <= 0.25, (p, after)
