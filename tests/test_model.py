@@ -4,6 +4,7 @@ rate as the stage costs say, and the worker count is the one that reaches the ne
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -151,3 +152,18 @@ def test_no_model_without_stage_timing() -> None:
         del r["train"]["pipeline"]
     m = Model(recs, cpus=2)
     assert m.whole is None and m.predict(pm.more_workers(2)) is None
+
+
+@pytest.mark.parametrize(("key", "value"), [("fetch_s", 1e308), ("samples", 10 ** 400),
+                                            ("collate_s", 1e300), ("batches", 10 ** 400)])
+def test_absurd_figures_give_no_model_rather_than_a_crash(key: str, value: float) -> None:
+    # What a damaged record could hold: the verdict goes on without predictions.
+    recs = [interval(i) for i in range(12)]
+    for r in recs:
+        r["train"]["pipeline"][key] = value
+    m = Model(recs, cpus=2)
+    assert m.whole is None or all(
+        math.isfinite(x) for x in dataclasses.astuple(m.whole) if isinstance(x, float))
+    p = m.predict(pm.more_workers(4))
+    assert p is None or (math.isfinite(p.steps_per_s) and p.low <= p.high)
+    assert m.workers_to_next_limit() in (None, *range(2, pm.MAX_WORKERS + 1))

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from iolens.sources.procfs import (
     CpuTimes,
@@ -145,3 +146,39 @@ def test_descendants_follow_new_and_ended_processes() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_unreadable_io_file_never_makes_a_negative_rate(tmp_path: Path) -> None:
+    """/proc/<pid>/io unreadable for one sample (a process exiting between its stat and its
+    io): that interval adds nothing, the next starts from the last figures read, and no
+    rate is negative (a real run recorded write_bytes_s of -245658.8 before)."""
+    import dataclasses
+
+    from iolens.recorder.sampler import Recorder
+
+    proc = subprocess.Popen([sys.executable, "-c", REAPED, str(tmp_path / "out.bin")])
+    rec = Recorder(None, proc.pid, 0.1, {}, discover=False)
+    real = rec.procs.sample
+    calls = [0]
+
+    def sample(pid: int) -> Any:
+        calls[0] += 1
+        got = real(pid)
+        if calls[0] % 3 == 2:  # every third look, the io file cannot be read
+            got = {p: dataclasses.replace(s, io=None) for p, s in got.items()}
+        return got
+
+    rec.procs.sample = sample  # type: ignore[method-assign,assignment]
+    written = 0.0
+    while True:
+        done = proc.poll() is not None
+        time.sleep(0.1)
+        r = rec.sample()
+        for figures in [r["job"], *r["job"].get("roles", {}).values()]:
+            assert all(figures[k] >= 0 for k in ("read_bytes_s", "write_bytes_s", "rchar_s",
+                                                 "wchar_s", "cpu_pct")), r["job"]
+        written += r["job"]["write_bytes_s"] * r["interval_s"]
+        if done:
+            break
+    rec.close()
+    assert written <= 8.6 * 2**20  # never counted twice

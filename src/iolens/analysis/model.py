@@ -51,6 +51,8 @@ time, and a worker short of the rate leaves the loop waiting."""
 MAX_WORKERS = 64
 """No more workers than this are advised (each is a process with its own memory)."""
 PARTS = 5
+FIGURE_MAX = 1e12
+"""No stage figure of a real run comes near this (seconds, samples, steps per second)."""
 CPU_SKIP_FROM = 4
 """From this many timed intervals on, the first and last are left out of the CPU per step."""
 """The run is cut into this many parts for the spread of a prediction."""
@@ -207,8 +209,17 @@ def declared_workers(records: Sequence[dict[str, Any]]) -> int:
 def figures(records: Sequence[dict[str, Any]], cpus: int | None,
             storage_sps: float | None = None, workers: int | None = None) -> Figures | None:
     """The stage costs over ``records`` (timed intervals of a run), or None where the
-    stages were not timed (no pipeline figures) or no step was. ``workers``: the run's
-    num_workers (default: as declared in ``records``)."""
+    stages were not timed (no pipeline figures) or no step was, or where the figures are
+    beyond arithmetic (a damaged record). ``workers``: the run's num_workers (default: as
+    declared in ``records``)."""
+    try:
+        return _figures(records, cpus, storage_sps, workers)
+    except (ArithmeticError, ValueError):
+        return None
+
+
+def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
+             storage_sps: float | None, workers: int | None) -> Figures | None:
     pipe = pipeline(records)
     batches = step = wait = starts = 0.0
     for r in records:
@@ -260,13 +271,17 @@ def figures(records: Sequence[dict[str, Any]], cpus: int | None,
     mean_wait = wait / batches
     n_starts = sum(_num(_train(r).get("epoch_start_wait"), "count") for r in records)
     extra = max(0.0, starts - n_starts * mean_wait) / batches if n_starts else 0.0
-    return Figures(
+    f = Figures(
         steps_per_s=batches / step,
         compute_s=max(1e-6, (step - wait) / batches),
         handover_s=handover, batch=per, workers=workers, fetch_s=fetch,
         fetch_cpu_s=fetch_cpu, collate_s=collate, epoch_start_s=extra, cores=cores,
         main_cpu_s=main_s, loader_cpu_s=loader, storage_sps=storage_sps,
         in_process=in_process)
+    # Absurd figures (a damaged record) give no model rather than an infinite prediction.
+    sane = all(math.isfinite(x) and 0 <= x < FIGURE_MAX
+               for x in dataclasses.astuple(f) if isinstance(x, float))
+    return f if sane and f.steps_per_s > 0 and f.batch > 0 else None
 
 
 def _loop_handover(pipe: Pipeline) -> float:
@@ -354,11 +369,14 @@ class Model:
         # Calibrated on the run itself: the measured rate times what the change does to
         # the model's rate (the model's own error on the run as it was cancels).
         point = self.whole.steps_per_s * _ratio(after, rate(self.whole))
+        if not math.isfinite(point) or point <= 0:
+            return None
         # The first and last parts hold the start-up and the shutdown: the spread is
         # over the parts between them.
         middle = self.parts[1:-1] if len(self.parts) >= 4 else self.parts
-        spread = [p.steps_per_s * _ratio(rate(change(p), workers), rate(p))
-                  for p in middle]
+        spread = [x for p in middle
+                  if math.isfinite(x := p.steps_per_s * _ratio(rate(change(p), workers),
+                                                                rate(p)))]
         rel = [abs(s / point - 1) for s in spread if point > 0]
         u = min(MAX_SPREAD, max(MIN_SPREAD, self.fit or 0.0,
                                 statistics.median(rel) * 2 if rel else 0.0))
@@ -383,7 +401,10 @@ class Model:
             return min(MAX_WORKERS, max(f.workers + 1, 2 * f.workers))
         # Workers beyond the cores only queue for them: no margin where the CPU binds next.
         margin = 1.0 if nxt == "cpu" else TARGET_MARGIN
-        need = math.ceil(ceiling * per_batch * margin - 1e-9)
+        want = ceiling * per_batch * margin
+        if not math.isfinite(want) or want > MAX_WORKERS:
+            return MAX_WORKERS
+        need = math.ceil(want - 1e-9)
         return max(f.workers + 1, min(MAX_WORKERS, max(1, need)))
 
 

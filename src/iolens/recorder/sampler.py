@@ -290,8 +290,11 @@ class Recorder:
             else:
                 role = "other"
             ticks = st.utime_ticks + st.stime_ticks
-            io = smp.io if smp.io is not None else ProcIO()
             prev = self._procs.get(pid)
+            # An unreadable /proc/<pid>/io this time (the process is exiting, or its
+            # permissions changed) adds nothing, and the next delta starts from the last
+            # figures read, not from zero.
+            io = smp.io if smp.io is not None else prev.io if prev is not None else ProcIO()
             t = totals[role]
             t.pids += 1
             if smp.io is None:
@@ -300,7 +303,9 @@ class Recorder:
                 t.io = t.io + io
                 t.cpu_ticks += ticks
             else:
-                delta = io - prev.io
+                # Counters never go back for one process; a pid taken by a new process
+                # between two samples starts again from zero: clamped, never negative.
+                delta = _clamp(io - prev.io)
                 gone = reaped.get(pid)
                 if gone is not None:
                     # NOTE [reaped children]: what the children counted before they
@@ -311,7 +316,7 @@ class Recorder:
                     if late > 0:
                         totals[gone.role].cpu_ticks += late
                 t.io = t.io + delta
-                t.cpu_ticks += ticks - prev.cpu_ticks
+                t.cpu_ticks += max(0, ticks - prev.cpu_ticks)
             seen[pid] = _ProcState(io, ticks, role, st.ppid, st.children_ticks)
             states[st.state] = states.get(st.state, 0) + 1
         self._procs = seen
