@@ -59,7 +59,7 @@ def test_storage_binds_where_its_ceiling_is_known() -> None:
 
 
 def test_no_workers_puts_the_fetch_in_series_with_the_step() -> None:
-    f = dataclasses.replace(BASE, workers=0, in_process=True, handover_s=0.0)
+    f = dataclasses.replace(BASE, workers=0, handover_s=0.0)
     r = rate(f)
     assert r.limit == "workers"
     assert r.steps_per_s == pytest.approx(1 / (0.020 + 16 * 0.005 + 0.001))

@@ -92,8 +92,6 @@ class Figures:
     storage_sps: float | None = None
     """Samples per second the storage serves at most in this reading pattern (None: not
     known to bind)."""
-    in_process: bool = False
-    """The loop fetched its own batches (num_workers=0)."""
 
 
 @dataclass
@@ -142,7 +140,7 @@ def more_workers(n: int) -> Change:
     """``n`` workers; from none, the hand-over they bring is HANDOVER_PRIOR_S a batch."""
     def apply(f: Figures) -> Figures:
         hand = f.handover_s if f.workers or n == 0 else max(f.handover_s, HANDOVER_PRIOR_S)
-        return dataclasses.replace(f, workers=n, in_process=n == 0, handover_s=hand)
+        return dataclasses.replace(f, workers=n, handover_s=hand)
     return apply
 
 
@@ -276,8 +274,7 @@ def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
         compute_s=max(1e-6, (step - wait) / batches),
         handover_s=handover, batch=per, workers=workers, fetch_s=fetch,
         fetch_cpu_s=fetch_cpu, collate_s=collate, epoch_start_s=extra, cores=cores,
-        main_cpu_s=main_s, loader_cpu_s=loader, storage_sps=storage_sps,
-        in_process=in_process)
+        main_cpu_s=main_s, loader_cpu_s=loader, storage_sps=storage_sps)
     # Absurd figures (a damaged record) give no model rather than an infinite prediction.
     sane = all(math.isfinite(x) and 0 <= x < FIGURE_MAX
                for x in dataclasses.astuple(f) if isinstance(x, float))

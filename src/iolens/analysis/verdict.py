@@ -764,9 +764,10 @@ def _probe_for(meta: dict[str, Any], storage: Sequence[dict[str, Any]]) -> dict[
     return p if same else None
 
 
-def _probe_rec(v: Verdict, where: str, settles: str) -> Recommendation:
+def _probe_rec(v: Verdict, settles: str) -> Recommendation:
+    """The probe of the dataset's storage, where it would settle the advice."""
     return Recommendation(
-        f"measure the storage's ceilings: `iolens probe --storage {where} --run RUN` (a few "
+        f"measure the storage's ceilings: `iolens probe --storage {_where(v)} --run RUN` (a few "
         "seconds of read-only reads), then `iolens report RUN` again",
         settles, "a prediction for the fix that fits",
         unavailable="a measurement, not a change: it settles which fix to predict")
@@ -821,7 +822,7 @@ def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: in
     elif small:
         v.offer(cache)
         v.recommendations.append(_probe_rec(
-            v, _where(v), "whether the device limits requests (then packing helps) or bytes "
+            v, "whether the device limits requests (then packing helps) or bytes "
             "(then only a cache or faster storage does) decides the fix"))
         v.recommendations.append(Recommendation(
             pack_action, because_small, ceiling, None,
@@ -999,7 +1000,7 @@ def _storage_from_inside(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any
         else:
             v.offer(cache)
             v.recommendations.append(_probe_rec(
-                v, _where(v), "whether the store answers slowly (then more workers help) "
+                v, "whether the store answers slowly (then more workers help) "
                 "or limits the requests it serves (then only a cache does) decides the fix"))
             rec = _raise_workers(
                 v, workers, more, "each worker waits on the store's latency one sample at "
