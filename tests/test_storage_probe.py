@@ -420,3 +420,33 @@ def test_bad_arguments_exit_2_with_a_message(tmp_path: Path, args: list[str], me
     err = capsys.readouterr().err
     assert fill(message) in err and err.startswith("usage: iolens probe"), err
     assert not (data / "storage_probe.json").exists()
+
+
+def test_the_sequential_reads_are_the_devices_readahead_window(tmp_path: Path) -> None:
+    from iolens.loaderbench.storageprobe import (
+        REQUEST_BYTES,
+        REQUEST_BYTES_MAX,
+        sequential_request_bytes,
+    )
+
+    def disk(name: str, kib: str) -> None:
+        queue = tmp_path / "devices" / name / "queue"
+        queue.mkdir(parents=True)
+        (queue / "read_ahead_kb").write_text(kib + "\n")
+        (tmp_path / "devices" / name / f"{name}1").mkdir()
+        (tmp_path / "class" / "block").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "class" / "block" / name).symlink_to(tmp_path / "devices" / name)
+        (tmp_path / "class" / "block" / f"{name}1").symlink_to(
+            tmp_path / "devices" / name / f"{name}1")
+
+    disk("loop0", "2560")
+    disk("sda", "128")
+    disk("md0", "65536")
+    disk("bad", "many")
+    got = {d: sequential_request_bytes(d, str(tmp_path))
+           for d in ("loop0", "sda", "sda1", "md0", "bad", "nvme9n1", None)}
+    assert got == {"loop0": 2560 << 10, "sda": REQUEST_BYTES, "sda1": REQUEST_BYTES,
+                   "md0": REQUEST_BYTES_MAX, "bad": REQUEST_BYTES, "nvme9n1": REQUEST_BYTES,
+                   None: REQUEST_BYTES}
+    (tmp_path / "devices" / "loop0" / "queue" / "read_ahead_kb").write_text("4096")
+    assert sequential_request_bytes("loop01", str(tmp_path)) == 4 << 20  # its partition

@@ -5,14 +5,24 @@
     loader = DataLoader(ds, batch_size=64, num_workers=8, persistent_workers=True)
 
 ``ds[i]`` is ``(bytes, label)`` for the i-th file in the pack's order (the order
-torchvision's ImageFolder gives the same folder); ``label`` is the class index,
-or -1 for a pack of a flat folder. ``transform``, when given, is applied to the
-bytes. Both classes are map-style datasets for any DataLoader: they open their
-LMDB environments or HDF5 files lazily, once per process, so every DataLoader
-worker opens its own after the fork (an LMDB environment or an HDF5 file must
-not be used across a fork), and they pickle without their open handles (for
-the spawn start method). lmdb, h5py and torch are imported only when a sample
-is read.
+torchvision's ImageFolder gives the same folder, or a random one for a pack made
+with ``--shuffle``); ``label`` is the class index, or -1 for a pack of a flat
+folder. ``transform``, when given, is applied to the bytes. Both classes are
+map-style datasets for any DataLoader: they open their LMDB environments or HDF5
+files lazily, once per process, so every DataLoader worker opens its own after
+the fork (an LMDB environment or an HDF5 file must not be used across a fork),
+and they pickle without their open handles (for the spawn start method). lmdb,
+h5py and torch are imported only when a sample is read.
+
+Read a pack in large requests, which is what packing is for on a disk that limits
+requests per second: a pack made with ``iolens pack --shuffle`` (its consecutive
+samples mix the classes), read through :class:`BlockShuffleSampler` with the
+block the batch size, so that each batch is a run of consecutive samples, which
+``__getitems__`` reads in one request; the blocks come in a new random order each
+epoch::
+
+    ds = HDF5Dataset("/data/train.pack")
+    loader = DataLoader(ds, batch_size=64, sampler=BlockShuffleSampler(ds, 64), ...)
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ if TYPE_CHECKING:
 else:
     _Base = object
 
-__all__ = ["HDF5Dataset", "LMDBDataset", "PackDataset"]
+__all__ = ["BlockShuffleSampler", "HDF5Dataset", "LMDBDataset", "PackDataset"]
 
 
 class PackDataset(_Base):
@@ -103,6 +113,35 @@ class PackDataset(_Base):
         return (self.transform(data) if self.transform is not None else data,
                 self.labels[index])
 
+    def __getitems__(self, indices: list[int]) -> list[tuple[Any, int]]:
+        """The samples at ``indices`` (a DataLoader hands a batch's indices here): each run of
+        consecutive samples in one shard is read in one request."""
+        n = len(self)
+        wanted = sorted({i + n if i < 0 else i for i in indices})
+        if wanted and not (wanted[0] >= 0 and wanted[-1] < n):
+            bad = next(i for i in indices if not -n <= i < n)
+            raise IndexError(f"index {bad} out of range for {n} samples")
+        got: dict[int, bytes] = {}
+        start = 0
+        for k in range(1, len(wanted) + 1):
+            if (k < len(wanted) and wanted[k] == wanted[k - 1] + 1
+                    and self.shard_of[wanted[k]] == self.shard_of[wanted[start]]):
+                continue
+            run = wanted[start:k]
+            got.update(zip(run, self._read_run(self._shard(self.shard_of[run[0]]), run),
+                           strict=True))
+            start = k
+        out = []
+        for i in indices:
+            data = got[i + n if i < 0 else i]
+            out.append((self.transform(data) if self.transform is not None else data,
+                        self.labels[i]))
+        return out
+
+    def _read_run(self, handle: Any, run: list[int]) -> list[bytes]:
+        """The bytes of the consecutive samples ``run``, all in the shard ``handle``."""
+        return [self._read(handle, self.locations[i], self.sizes[i]) for i in run]
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_handles"] = {}
@@ -161,6 +200,19 @@ class LMDBDataset(PackDataset):
             raise KeyError(f"{self.path}: no sample under key {location.decode()}")
         return bytes(data)
 
+    def _read_run(self, handle: Any, run: list[int]) -> list[bytes]:
+        # One transaction; the values of consecutive keys lie together in the map, where the
+        # kernel reads them in large requests (readahead).
+        out = []
+        with handle.begin() as txn:
+            for i in run:
+                data = txn.get(self.locations[i])
+                if data is None:
+                    raise KeyError(f"{self.path}: no sample under key "
+                                   f"{self.locations[i].decode()}")
+                out.append(bytes(data))
+        return out
+
 
 class HDF5Dataset(PackDataset):
     """The samples of an HDF5 pack (``iolens pack SRC DST --format hdf5``): each shard file
@@ -180,6 +232,59 @@ class HDF5Dataset(PackDataset):
     def _read(self, handle: Any, location: Any, size: int) -> bytes:
         data: bytes = handle["data"][location:location + size].tobytes()
         return data
+
+    def _read_run(self, handle: Any, run: list[int]) -> list[bytes]:
+        # The samples lie back to back: one slice of the array, then cut.
+        first = self.locations[run[0]]
+        end = self.locations[run[-1]] + self.sizes[run[-1]]
+        blob: bytes = handle["data"][first:end].tobytes()
+        return [blob[self.locations[i] - first:self.locations[i] - first + self.sizes[i]]
+                for i in run]
+
+
+class BlockShuffleSampler:
+    """Indices in blocks of ``block`` consecutive samples, the blocks in a random order that
+    changes every epoch: a shuffle that keeps reads large.
+
+    With ``block`` the DataLoader's ``batch_size``, every batch is one run of consecutive
+    samples, which a pack dataset's ``__getitems__`` reads in one request (one of a disk's
+    requests per batch, not per sample). Use it on a pack made with ``iolens pack
+    --shuffle``, whose consecutive samples are already in a random order: a batch then mixes
+    the classes, and which batches meet changes every epoch. The last, shorter block (when
+    ``block`` does not divide the length) always comes last, so that the blocks before it
+    stay aligned with the batches. The order is drawn from ``seed`` and the epoch: each pass
+    over the sampler is the next epoch, or, once :meth:`set_epoch` was called (at the start
+    of each epoch, as with ``DistributedSampler``), the epoch it set.
+    """
+
+    def __init__(self, data_source: Any, block: int, *, seed: int = 0) -> None:
+        if not isinstance(block, int) or block < 1:
+            raise ValueError(f"block must be a positive number of samples, not {block!r}")
+        self.length = len(data_source)
+        self.block = block
+        self.seed = seed
+        self.epoch = 0
+        self._counting = True
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose order the next passes give (the sampler no longer counts them)."""
+        self.epoch = epoch
+        self._counting = False
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Any:
+        import random  # noqa: PLC0415
+
+        full = self.length // self.block
+        order = list(range(full))
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        if self._counting:
+            self.epoch += 1
+        for b in order:
+            yield from range(b * self.block, (b + 1) * self.block)
+        yield from range(full * self.block, self.length)
 
 
 _LMDB_ENVS: dict[str, Any] = {}

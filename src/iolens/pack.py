@@ -8,6 +8,9 @@ module turns ``SRC`` into a pack at ``DST``:
   folder, at any depth, is a sample whose label is the class's index in the
   sorted class names, and the samples come in the order torchvision's
   ImageFolder lists them; a folder of files only is packed without labels.
+  With ``shuffle_seed`` the samples are stored in a random order drawn from that
+  seed instead (``manifest["order"]``), so that any run of consecutive samples,
+  the unit a disk serves in one large read, mixes the classes.
 - Each sample is stored under the key ``%010d`` of its index (LMDB) or at an
   offset in one byte array (HDF5, dataset ``data``), in shards of about
   ``shard_size`` bytes (``shard-00000.lmdb``, ``shard-00001.lmdb``, ...).
@@ -303,6 +306,22 @@ class Options:
     shard_size: int | None = None
     commit_every: int = 1000
     readers: int = 8
+    shuffle_seed: int | None = None
+    """Store the samples in a random order drawn from this seed (None: the folder's order)."""
+
+
+def order_of(seed: int | None) -> dict[str, Any]:
+    """The manifest's ``order``: the folder's, or shuffled with ``seed``."""
+    return {"kind": "folder"} if seed is None else {"kind": "shuffled", "seed": seed}
+
+
+def shuffled(samples: list[Any], seed: int) -> list[Any]:
+    """``samples`` in the random order that ``seed`` draws (the same on every machine)."""
+    import random  # noqa: PLC0415
+
+    out = list(samples)
+    random.Random(seed).shuffle(out)
+    return out
 
 
 @dataclass
@@ -379,11 +398,15 @@ def _check_dst(src: str, dst: str, opts: Options) -> dict[str, Any] | None:
     if found.get("src") != src:
         raise PackError(f"{dst} is a pack of {found.get('src')}, not of {src}; choose "
                         "another DST or remove it")
-    theirs = (found.get("format"), found.get("shard_size"))
-    if theirs != (opts.fmt, opts.shard_size):
+    theirs = (found.get("format"), found.get("shard_size"),
+              found.get("order") or order_of(None))
+    if theirs != (opts.fmt, opts.shard_size, order_of(opts.shuffle_seed)):
         size = "no --shard-size" if theirs[1] is None else f"--shard-size {theirs[1]}"
-        raise PackError(f"{dst} is a pack of {src} made with --format {theirs[0]} and {size}; "
-                        "give the same options to continue it, or choose another DST")
+        order = (f"--shuffle --seed {theirs[2]['seed']}" if theirs[2]["kind"] == "shuffled"
+                 else "no --shuffle")
+        raise PackError(f"{dst} is a pack of {src} made with --format {theirs[0]}, {size} and "
+                        f"{order}; give the same options to continue it, or choose another "
+                        "DST")
     return found
 
 
@@ -415,9 +438,12 @@ def pack(src: str, dst: str, opts: Options,
         if not listing.samples and not listing.skipped:
             raise PackError(f"{src} holds no files")
         os.makedirs(state, exist_ok=True)
+        samples = listing.samples
+        if opts.shuffle_seed is not None:
+            samples = shuffled(samples, opts.shuffle_seed)
         plan = {"pack_schema": PACK_SCHEMA, "src": src, "format": opts.fmt,
-                "shard_size": opts.shard_size, "classes": listing.classes,
-                "samples": listing.samples, "skipped": listing.skipped,
+                "shard_size": opts.shard_size, "order": order_of(opts.shuffle_seed),
+                "classes": listing.classes, "samples": samples, "skipped": listing.skipped,
                 "created": time.time()}
         _write_json_atomic(os.path.join(state, "plan.json"), plan)
     else:
@@ -671,7 +697,8 @@ class _Packer:
             digest.update(f"{e['key']} {e['blake2b']}\n".encode())
         return {
             "pack_schema": PACK_SCHEMA, "complete": True, "src": self.src,
-            "format": self.fmt, "shard_size": self.shard_size, "count": len(self.entries),
+            "format": self.fmt, "shard_size": self.shard_size,
+            "order": self.plan.get("order") or order_of(None), "count": len(self.entries),
             "bytes": sum(e["size"] for e in self.entries), "classes": self.plan["classes"],
             "labeled": bool(self.plan["classes"]), "checksum": CHECKSUM,
             "digest": digest.hexdigest(), "verified": True, "shards": self.shards,

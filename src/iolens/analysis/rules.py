@@ -116,5 +116,7 @@ MIN_GAIN = 1.05
 """A change the model predicts to gain under 5% is not offered as a fix: that is within a
 shared machine's run-to-run noise, and the change has its costs (memory, a repack)."""
 PACK_REQUEST_BYTES = 1 << 20
-"""Tar or HDF5 shards read in order are read in requests of about 1 MiB (readahead and
-the reader's buffer), whatever the sample size."""
+"""A pack read in blocks of a batch (iolens.data.BlockShuffleSampler) is read in requests
+of the device's readahead window (the storage probe's sequential read size), or of the
+batch where that is larger, counted here at most 1 MiB (a larger read may be split
+below)."""

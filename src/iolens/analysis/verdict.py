@@ -799,10 +799,11 @@ def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: in
         f"{load.name} answers in {load.r_await:.1f} ms at {load.util:.0f}% util", ceiling,
         {"storage": "ram"}, pm.cached(),
         basis=["if the dataset fits in RAM: no reads reach a device"])
-    pack_action = ("pack the dataset into large files read in order: `iolens pack SRC DST` "
-                   "writes LMDB or HDF5 shards (iolens.data.LMDBDataset, HDF5Dataset); "
-                   "shuffle the shards and within a buffer, so that each read stays "
-                   "large")
+    pack_action = ("pack the dataset into large files read in large requests: `iolens pack "
+                   "SRC DST --shuffle` writes LMDB or HDF5 shards in a random order; read "
+                   "them with iolens.data.LMDBDataset or HDF5Dataset and "
+                   "sampler=iolens.data.BlockShuffleSampler(dataset, batch_size), so that "
+                   "each batch is one read of consecutive samples")
     because_small = (f"{load.name} is saturated by small reads ({load.rareq_kib:.0f} KiB "
                      f"on average, {load.r_s:.0f}/s)")
     limit = probe.get("limit") if probe else None
@@ -859,13 +860,18 @@ def _pack_rec(v: Verdict, probe: dict[str, Any], load: DeviceLoad, *, action: st
         return Recommendation(action, because, ceiling, None,
                               "the device's bytes per sample or the probe's ceilings are "
                               "missing", {"pack": True})
-    packed = min(iops * max(rules.PACK_REQUEST_BYTES, per) / per, bw / per)
+    # In order, the kernel reads a pack in requests of its readahead window, the size the
+    # probe read at; a batch larger than the window is read in one larger request.
+    seq = probe.get("sequential") or {}
+    window = _num(seq, "request_bytes") or rules.PACK_REQUEST_BYTES
+    request = max(per, window, min(m.whole.batch * per, rules.PACK_REQUEST_BYTES))
+    packed = min(iops * request / per, bw / per)
     fetch = m.whole.fetch_cpu_s + per / bw
     return v.fix(action, because + f"; the probe found it limits requests ({iops:.0f}/s), "
                  f"with {bw / 2**20:.1f} MB/s in large reads", ceiling, {"pack": True},
                  pm.storage_at(packed, fetch),
-                 basis=[f"packed, {per / 1024:.0f} KiB per sample read in "
-                        f"{rules.PACK_REQUEST_BYTES >> 10} KiB requests: the device serves "
+                 basis=[f"packed, {per / 1024:.0f} KiB per sample read a batch at a time, in "
+                        f"requests of {request / 1024:.0f} KiB: the device serves "
                         f"{packed:.0f} samples/s"])
 
 

@@ -39,6 +39,7 @@ failed verification, 130 interrupted (run the same command again to continue)
 examples:
   iolens pack data/train data/train.lmdb
   iolens pack data/train /fast/train.h5pack --format hdf5 --shard-size 4G
+  iolens pack data/train data/train.lmdb --shuffle   # read in shuffled blocks
 """
 
 
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``iolens pack``."""
     p = argparse.ArgumentParser(
         prog="iolens pack",
-        usage="iolens pack SRC DST [--format lmdb|hdf5] [--shard-size SIZE]",
+        usage="iolens pack SRC DST [--format lmdb|hdf5] [--shard-size SIZE] [--shuffle]",
         description="Pack a folder of many small sample files into a few large LMDB or HDF5 "
                     "files that a disk serves in large reads.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", metavar="SIZE",
                    help="split into shards of about SIZE bytes (512M, 4G; K, M, G, T are "
                         "powers of 1024); default one shard")
+    p.add_argument("--shuffle", action="store_true",
+                   help="store the samples in a random order (drawn from --seed), so that "
+                        "consecutive samples, read together in one large request, mix the "
+                        "classes; read it with iolens.data.BlockShuffleSampler")
+    p.add_argument("--seed", metavar="N", type=int, default=0,
+                   help="the seed of --shuffle's order (default 0)")
     p.add_argument("--commit-every", metavar="N", type=int, default=1000,
                    help="samples per transaction, the most an interruption costs "
                         "(default 1000)")
@@ -166,7 +173,8 @@ def run(ns: argparse.Namespace) -> int:
         print(f"{prog}: --commit-every and --readers must be at least 1", file=sys.stderr)
         return 2
     opts = packing.Options(fmt=ns.format, shard_size=shard_size,
-                           commit_every=ns.commit_every, readers=ns.readers)
+                           commit_every=ns.commit_every, readers=ns.readers,
+                           shuffle_seed=ns.seed if ns.shuffle else None)
     show: _Plain | _Bar
     show = _Bar() if packing.stderr_is_terminal() else _Plain()
     try:

@@ -53,8 +53,9 @@ the storage alone (--storage PATH, instead of the stages; no --dataset, --folder
   A short read-only probe of the storage under PATH, on the dataset's own files, for
   --seconds in all (default 6): random reads of the sample size (the median file size, at
   most 4 MiB: a whole small file, or a chunk of a large one) with 1 and with --concurrency
-  K in flight (default 8), then 1 MiB sequential reads of the largest files, or, when every
-  file is small, of the block device under them (read-only, O_DIRECT, root). Reads pass the
+  K in flight (default 8), then sequential reads of the device's readahead window (1 to 8
+  MiB: what reading a pack in order asks for) of the largest files, or, when every file is
+  small, of the block device under them (read-only, O_DIRECT, root). Reads pass the
   page cache with O_DIRECT; where the filesystem refuses it, only ranges out of the cache
   are read and then dropped, so the page cache is left as found. Nothing is written (but
   --run's file). The limit it names:

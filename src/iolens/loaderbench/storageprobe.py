@@ -6,12 +6,13 @@ A short, bounded, read-only probe against the dataset's own files:
    PATH, at most :data:`SAMPLE_MAX`): a whole small file per read, or one
    sample-sized chunk at a random aligned offset of a larger file; first with
    one read in flight, then with K (threads);
-2. sequential reads of 1 MiB with one in flight: the largest files, or, when
-   every file is small (reading many small files back to back is not
-   sequential), the filesystem's block device itself, read-only with
-   O_DIRECT over the 1 MiB stretches the files' extents fill (FIEMAP), so
-   that what is read is the dataset's data (needs read access to the device
-   node: root).
+2. sequential reads with one in flight, each the device's readahead window
+   (what the kernel asks for when a file is read in order, as a pack is;
+   1 to 8 MiB): the largest files, or, when every file is small (reading many
+   small files back to back is not sequential), the filesystem's block device
+   itself, read-only with O_DIRECT over the 1 MiB stretches the files' extents
+   fill (FIEMAP), so that what is read is the dataset's data (needs read access
+   to the device node: root).
 
 The verdict tells the storage cases apart that call for different fixes:
 
@@ -65,7 +66,9 @@ from iolens.loaderbench.source import SpecError
 SAMPLE_MAX = 4 << 20
 """Largest sample size probed: beyond it a read is a large read already."""
 REQUEST_BYTES = 1 << 20
-"""Size of a sequential read: what a packed shard's reader asks for at a time."""
+"""Size of a sequential read at least, and the device stretches' size."""
+REQUEST_BYTES_MAX = 8 << 20
+"""Size of a sequential read at most."""
 CONCURRENCY = 8
 """Random reads in flight in the parallel phase: a DataLoader's workers, typically."""
 SECONDS = 6.0
@@ -171,16 +174,35 @@ class Phase:
                 "latency_p50_ms": None if p50 is None else round(p50, 3)}
 
 
+def sequential_request_bytes(device: str | None, sys_root: str = "/sys") -> int:
+    """The size of the sequential phase's reads: the device's readahead window, which is
+    what the kernel asks the device for when a file is read in order (a pack read a
+    batch at a time), within REQUEST_BYTES..REQUEST_BYTES_MAX; REQUEST_BYTES when
+    unknown. A partition's window is its disk's."""
+    if not device:
+        return REQUEST_BYTES
+    base = os.path.join(sys_root, "class", "block", device)
+    for queue in (os.path.join(base, "queue"), os.path.join(base, "..", "queue")):
+        try:
+            with open(os.path.join(queue, "read_ahead_kb"), encoding="ascii") as fh:
+                kib = int(fh.read().strip())
+        except (OSError, ValueError):
+            continue
+        return min(max(kib << 10, REQUEST_BYTES), REQUEST_BYTES_MAX) // ALIGN * ALIGN
+    return REQUEST_BYTES
+
+
 @dataclass
 class Sequential:
-    """The sequential phase: 1 MiB reads, one in flight, from ``source``."""
+    """The sequential phase: reads of ``request`` bytes, one in flight, from ``source``."""
 
     source: str
     """``files`` (the largest files) or ``device`` (the block device, read-only)."""
     phase: Phase
+    request: int = REQUEST_BYTES
 
     def to_dict(self) -> dict[str, Any]:
-        return {"request_bytes": REQUEST_BYTES, "source": self.source,
+        return {"request_bytes": self.request, "source": self.source,
                 "reads": self.phase.reads, "seconds": round(self.phase.seconds, 3),
                 "bytes_per_s": round(self.phase.bytes_per_s)}
 
@@ -252,7 +274,7 @@ def classify(kind: str, method: str, random_1: Phase, random_k: Phase,
     """The limit (``iops``, ``bandwidth``, ``latency``, ``rate`` or ``unknown``) and a
     sentence saying why and what helps.
 
-    A block device with a sequential figure: ``iops`` when 1 MiB reads deliver at least
+    A block device with a sequential figure: ``iops`` when large reads deliver at least
     PACK_GAIN times the bytes/s of the better random phase, else ``bandwidth``. FUSE,
     NFS, or no sequential figure: ``latency`` when K reads in flight deliver at least
     PARALLEL_GAIN times the reads/s of one, else ``rate``.
@@ -276,10 +298,10 @@ def classify(kind: str, method: str, random_1: Phase, random_k: Phase,
             and sequential.reads >= MIN_SEQUENTIAL_READS and random_bps > 0:
         ratio = sequential.bytes_per_s / random_bps
         if ratio >= PACK_GAIN:
-            return "iops", (f"IOPS-bound: sequential 1 MiB reads deliver {ratio:.1f}x the "
+            return "iops", (f"IOPS-bound: large sequential reads deliver {ratio:.1f}x the "
                             f"bytes/s of random {size} reads, so packing the small files into "
                             "large shards read in order (iolens pack) should help")
-        return "bandwidth", (f"bandwidth-bound: sequential 1 MiB reads deliver "
+        return "bandwidth", (f"bandwidth-bound: large sequential reads deliver "
                              f"{ratio:.2f}x the bytes/s of random {size} reads, so packing "
                              "gains nothing; fewer bytes (compression, smaller samples), a "
                              "cache in RAM or faster storage do")
@@ -590,9 +612,10 @@ def _random_jobs(files: list[_File], sample: int, reader: _Reader,
     return next_job
 
 
-def _file_chunks(files: list[_File], reader: _Reader) -> Generator[Job, None, None]:
-    """1 MiB reads in order through ``files``, one after the other; over again at the end.
-    The open file stays open across its reads."""
+def _file_chunks(files: list[_File], reader: _Reader,
+                 request: int = REQUEST_BYTES) -> Generator[Job, None, None]:
+    """Reads of ``request`` bytes in order through ``files``, one after the other; over again
+    at the end. The open file stays open across its reads."""
     while True:
         opened = 0
         for f in files:
@@ -602,8 +625,8 @@ def _file_chunks(files: list[_File], reader: _Reader) -> Generator[Job, None, No
                 continue
             opened += 1
             try:
-                for offset in range(0, f.size, REQUEST_BYTES):
-                    length = min(REQUEST_BYTES, f.size - offset)
+                for offset in range(0, f.size, request):
+                    length = min(request, f.size - offset)
                     yield functools.partial(reader.read, fd, offset, length)
             finally:
                 os.close(fd)
@@ -637,11 +660,14 @@ def _extents(path: str) -> list[tuple[int, int]]:
         os.close(fd)
 
 
-def _device_chunks(files: list[_File], deadline: float) -> tuple[list[int], int]:
-    """The 1 MiB-aligned device offsets that the files' data fills at least DEVICE_FILL_MIN
-    of, ascending; and how many files' extents were read. The files are taken in inode
-    order, so that those looked at (EXTENT_FILES_MAX, or what ``deadline`` allows) are
-    neighbours that fill whole stretches, not a scattered sample that fills none."""
+def _device_chunks(files: list[_File], deadline: float,
+                   request: int = REQUEST_BYTES) -> tuple[list[int], int]:
+    """The device offsets of reads of ``request`` bytes over the 1 MiB-aligned stretches
+    that the files' data fills at least DEVICE_FILL_MIN of (runs of such stretches, cut
+    into requests), ascending; and how many files' extents were read. The files are taken
+    in inode order, so that those looked at (EXTENT_FILES_MAX, or what ``deadline``
+    allows) are neighbours that fill whole stretches, not a scattered sample that fills
+    none."""
     fill: dict[int, int] = {}
     seen = 0
     for f in sorted(files, key=lambda f: f.ino)[:EXTENT_FILES_MAX]:
@@ -660,7 +686,17 @@ def _device_chunks(files: list[_File], deadline: float) -> tuple[list[int], int]
                 fill[chunk] = fill.get(chunk, 0) + stop - pos
                 pos = stop
     need = DEVICE_FILL_MIN * REQUEST_BYTES
-    return [c * REQUEST_BYTES for c in sorted(fill) if fill[c] >= need], seen
+    full = [c for c in sorted(fill) if fill[c] >= need]
+    offsets: list[int] = []
+    i = 0
+    while i < len(full):
+        j = i
+        while j + 1 < len(full) and full[j + 1] == full[j] + 1:
+            j += 1
+        run_start, run_end = full[i] * REQUEST_BYTES, (full[j] + 1) * REQUEST_BYTES
+        offsets.extend(range(run_start, run_end - request + 1, request))
+        i = j + 1
+    return offsets, seen
 
 
 def _device_node(device: str | None, path: str) -> str | None:
@@ -676,15 +712,16 @@ def _device_node(device: str | None, path: str) -> str | None:
         return None
 
 
-def _device_jobs(fd: int, offsets: list[int]) -> Iterator[Job]:
-    """1 MiB O_DIRECT reads of the device at ``offsets``, in order, over again at the end."""
+def _device_jobs(fd: int, offsets: list[int], request: int = REQUEST_BYTES) -> Iterator[Job]:
+    """O_DIRECT reads of ``request`` bytes of the device at ``offsets``, in order, over again
+    at the end."""
     while True:
         for offset in offsets:
-            yield functools.partial(_pread_request, fd, offset)
+            yield functools.partial(_pread_request, fd, offset, request)
 
 
-def _pread_request(fd: int, offset: int, view: memoryview) -> int:
-    return os.preadv(fd, [view[:REQUEST_BYTES]], offset)
+def _pread_request(fd: int, offset: int, request: int, view: memoryview) -> int:
+    return os.preadv(fd, [view[:request]], offset)
 
 
 def _mapping(path: str) -> tuple[str, str, str | None, str, str]:
@@ -794,7 +831,8 @@ def probe_storage(path: str, *, seconds: float = SECONDS, concurrency: int = CON
     if not seq_source and progress is not None:
         progress.set_total(3)
     done("listing the files", f"{len(files)} files, sample {human_bytes(sample)}, {method}")
-    buffer_bytes = max(_up(sample), REQUEST_BYTES)
+    request = sequential_request_bytes(device) if seq_source else REQUEST_BYTES
+    buffer_bytes = max(_up(sample), request)
     phases_left = 3 if seq_source else 2
 
     def phase_deadline() -> float:
@@ -817,26 +855,29 @@ def probe_storage(path: str, *, seconds: float = SECONDS, concurrency: int = CON
 
     sequential: Sequential | None = None
     if seq_source:
-        label = "sequential 1 MiB reads"
+        label = f"sequential {human_bytes(request)} reads"
         stage(label)
         deadline = phase_deadline()
         if seq_source == "files":
-            gen = _file_chunks(large, reader)
+            gen = _file_chunks(large, reader, request)
             ph = _run_phase(lambda: next(gen, None), 1, deadline, buffer_bytes,
-                            skip_limit=sum(-(-f.size // REQUEST_BYTES) for f in large))
+                            skip_limit=sum(-(-f.size // request) for f in large))
             with contextlib.suppress(ValueError):  # a stalled read holds it: left behind
                 gen.close()
-            sequential = Sequential("files", ph)
-            notes.append(f"sequential: 1 MiB reads in order through the {len(large)} largest "
+            sequential = Sequential("files", ph, request)
+            notes.append(f"sequential: {human_bytes(request)} reads (the device's readahead "
+                         f"window, at least 1 MiB) in order through the {len(large)} largest "
                          f"files ({human_bytes(SEQUENTIAL_FILE_MIN)} or more), largest first")
         else:
             assert node is not None
             start = time.monotonic()
-            offsets, seen = _device_chunks(files, start + EXTENT_SHARE * (deadline - start))
+            offsets, seen = _device_chunks(files, start + EXTENT_SHARE * (deadline - start),
+                                           request)
             if len(offsets) < MIN_SEQUENTIAL_READS:
                 seq_note = (f"sequential bandwidth not measured: the data of the {seen} "
-                            f"files looked at fills {len(offsets)} 1 MiB stretches of "
-                            f"{node} (at least {MIN_SEQUENTIAL_READS} needed)")
+                            f"files looked at fills {len(offsets)} whole "
+                            f"{human_bytes(request)} reads of {node} (at least "
+                            f"{MIN_SEQUENTIAL_READS} needed)")
             else:
                 try:
                     fd = os.open(node, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
@@ -844,15 +885,16 @@ def probe_storage(path: str, *, seconds: float = SECONDS, concurrency: int = CON
                     seq_note = f"sequential bandwidth not measured: {node}: {exc.strerror}"
                 else:
                     try:
-                        jobs = _device_jobs(fd, offsets)
+                        jobs = _device_jobs(fd, offsets, request)
                         ph = _run_phase(lambda: next(jobs), 1, deadline, buffer_bytes,
                                         skip_limit=1)
                     finally:
                         os.close(fd)
-                    sequential = Sequential("device", ph)
+                    sequential = Sequential("device", ph, request)
                     notes.append(f"sequential: every file is small, so the block device {node} "
-                                 f"was read instead, read-only with O_DIRECT, in 1 MiB reads "
-                                 f"over the {len(offsets)} stretches that the data of {seen} "
+                                 f"was read instead, read-only with O_DIRECT, in "
+                                 f"{human_bytes(request)} reads (its readahead window, at "
+                                 f"least 1 MiB) over the stretches that the data of {seen} "
                                  "files fills")
         if sequential is not None:
             p = sequential.phase
@@ -922,10 +964,11 @@ def render_text(result: StorageProbe) -> str:
     if result.sequential is not None:
         s = result.sequential
         src = "the block device" if s.source == "device" else "the largest files"
-        lines.append(f"  {'sequential 1 MiB reads, ' + src:<40} {s.phase.reads:>7} reads "
+        what = f"sequential {human_bytes(s.request)} reads, {src}"
+        lines.append(f"  {what:<40} {s.phase.reads:>7} reads "
                      f"{'':>18} {human_bytes(s.phase.bytes_per_s) + '/s':>12}")
     else:
-        lines.append(f"  {'sequential 1 MiB reads':<40} not measured")
+        lines.append(f"  {'sequential reads':<40} not measured")
     gain = result.parallel_gain
     lines.append("")
     lines.append(f"  IOPS ceiling {result.iops_ceiling:,.1f} reads/s at "
