@@ -155,9 +155,16 @@ def cached() -> Change:
 
 
 def storage_at(samples_per_s: float, fetch_s: float | None = None) -> Change:
-    """Storage that serves ``samples_per_s`` (a pack's new ceiling)."""
-    return lambda f: dataclasses.replace(
-        f, storage_sps=samples_per_s, fetch_s=f.fetch_s if fetch_s is None else fetch_s)
+    """Storage that serves ``samples_per_s`` (a pack's new ceiling), each sample fetched in
+    ``fetch_s``: the epochs' first batches, which wait for the first fetches, shrink with
+    the fetch (as in :func:`cached`)."""
+    def apply(f: Figures) -> Figures:
+        if fetch_s is None:
+            return dataclasses.replace(f, storage_sps=samples_per_s)
+        kept = min(1.0, fetch_s / f.fetch_s) if f.fetch_s > 0 else 1.0
+        return dataclasses.replace(f, storage_sps=samples_per_s, fetch_s=fetch_s,
+                                   epoch_start_s=f.epoch_start_s * kept)
+    return apply
 
 
 def cheaper_fetch(factor: float) -> Change:

@@ -3,6 +3,7 @@
     iolens run -- python -m iolens.demo            # what `make demo` runs
     python -m iolens.demo --files 4000 --workers 4 --epochs 2 --data /mnt/slow/demo
     iolens run -- python -m iolens.demo --slow-disk   # `make demo-slow`: root, loop devices
+    python -m iolens.demo.cycle                      # `make demo`: the whole cycle (below)
 
 The dataset is generated once (class subfolders of 64 KiB sample files) and
 read back every epoch through a DataLoader, decoding each file's bytes into
@@ -14,6 +15,12 @@ and this process joins the throttled cgroup, so its DataLoader workers wait on
 a saturated disk: the storage-bound case, first hand. It is all removed at the
 end; where it cannot be made (not root, no loop devices, no cgroup v1 blkio)
 the demo says what is missing and exits 2.
+
+``--pack DIR`` trains on a pack made by ``iolens pack --shuffle`` instead, read as
+the pack advice says (iolens.data's dataset, BlockShuffleSampler with the batch
+size). ``--throttle CGROUP`` joins an existing blkio cgroup after a warm-up step and
+drops the dataset's pages from the page cache before every epoch: how the cycle
+(``python -m iolens.demo.cycle``) trains on the slow disk it made.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ if TYPE_CHECKING:
 
 
 def make_dataset(root: str, files: int, size: int, classes: int = 4) -> None:
-    """Write ``files`` sample files of ``size`` bytes into ``classes`` subfolders (once)."""
-    marker = os.path.join(root, ".complete")
+    """Write ``files`` sample files of ``size`` bytes into ``classes`` subfolders (once; a
+    marker file beside ``root`` says it is whole)."""
+    marker = os.path.normpath(root) + ".complete"
     if os.path.exists(marker):
         return
     for c in range(classes):
@@ -62,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=None,
                     help="DataLoader workers (default 2, or 4 with --slow-disk)")
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--pack", metavar="DIR",
+                    help="train on this pack (iolens pack --shuffle), read in shuffled "
+                         "blocks of a batch")
+    ap.add_argument("--throttle", metavar="CGROUP",
+                    help="join this blkio cgroup (a slow disk's) after a warm-up step, and "
+                         "drop the dataset from the page cache before every epoch")
     slow = ap.add_argument_group(
         "slow disk", "Root only: the dataset on a loop device whose reads are throttled, "
         "removed again at the end.")
@@ -71,19 +85,48 @@ def main(argv: list[str] | None = None) -> int:
     slow.add_argument("--slow-mbps", type=float, default=8.0, metavar="MB_S",
                       help="the disk's read limit in MB/s (MiB, as iostat -m; default 8)")
     args = ap.parse_args(argv)
-    if args.slow_disk and args.data:
-        ap.error("--data and --slow-disk exclude each other: the slow disk holds its own dataset")
+    if args.slow_disk and (args.data or args.pack or args.throttle):
+        ap.error("--slow-disk makes its own dataset and disk: no --data, --pack or --throttle")
+    if args.pack and args.data:
+        ap.error("--data and --pack exclude each other")
     if args.slow_mbps <= 0:
         ap.error("--slow-mbps must be positive")
     size = args.file_kib * 1024
     if not args.slow_disk:
-        data = args.data or os.path.join(tempfile.gettempdir(), "iolens-demo-data")
-        t = time.monotonic()
-        make_dataset(data, args.files, size)
-        print(f"demo: dataset {data}: {args.files} files of {args.file_kib} KiB "
-              f"(ready in {time.monotonic() - t:.1f} s)", flush=True)
+        data = args.pack or args.data or os.path.join(tempfile.gettempdir(),
+                                                      "iolens-demo-data")
+        if not args.pack:
+            t = time.monotonic()
+            make_dataset(data, args.files, size)
+            print(f"demo: dataset {data}: {args.files} files of {args.file_kib} KiB "
+                  f"(ready in {time.monotonic() - t:.1f} s)", flush=True)
         workers = 2 if args.workers is None else args.workers
-        return train(data, args.epochs, workers, args.batch_size)
+        ready = before_epoch = None
+        if args.throttle:
+            # What the training imports is read in before the throttle: its files live on the
+            # backing disk too.
+            import torch.utils.data  # noqa: PLC0415
+            if args.pack:
+                import h5py  # type: ignore[import-untyped,unused-ignore]  # noqa: F401, PLC0415
+                import lmdb  # noqa: F401, PLC0415
+
+            cgroup = args.throttle
+            # More workers than cores are fine here: they wait on the disk, not the CPU.
+            warnings.filterwarnings("ignore", message="This DataLoader will create",
+                                    category=UserWarning)
+
+            def ready() -> None:
+                evict_tree(data)
+                with open(os.path.join(cgroup, "cgroup.procs"), "w") as fh:
+                    fh.write(str(os.getpid()))
+                print(f"demo: this process and its DataLoader workers now read through the "
+                      f"limits of blkio cgroup {os.path.basename(cgroup)}; {data} leaves "
+                      "the page cache before every epoch", flush=True)
+
+            def before_epoch() -> None:
+                evict_tree(data)
+        return train(data, args.epochs, workers, args.batch_size, ready=ready,
+                     before_epoch=before_epoch, pack=bool(args.pack))
 
     from iolens.demo.slowdisk import (  # noqa: PLC0415 - only the slow-disk demo needs it
         SlowDisk,
@@ -124,6 +167,21 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def evict_tree(root: str) -> None:
+    """Drop the cached pages of the files under ``root`` (a dataset larger than memory would
+    find none of them cached at the next epoch)."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            try:
+                fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def train_on_slow_disk(disk: SlowDisk, args: argparse.Namespace) -> int:
     """Write the dataset on ``disk``, then train with this process and its workers throttled."""
     data = os.path.join(disk.mount_point, "data")
@@ -149,8 +207,9 @@ def train_on_slow_disk(disk: SlowDisk, args: argparse.Namespace) -> int:
 
 def train(data: str, epochs: int, workers: int, batch_size: int, *,
           ready: Callable[[], None] | None = None,
-          before_epoch: Callable[[], None] | None = None) -> int:
-    """Train the small CNN for ``epochs`` over the files under ``data``.
+          before_epoch: Callable[[], None] | None = None, pack: bool = False) -> int:
+    """Train the small CNN for ``epochs`` over the files under ``data`` (or the pack at
+    ``data``, read in shuffled blocks of a batch).
 
     ``ready`` runs once before the first epoch, after a warm-up step;
     ``before_epoch`` before each later epoch.
@@ -171,17 +230,31 @@ def train(data: str, epochs: int, workers: int, batch_size: int, *,
         def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
             path, label = self.items[i]
             with open(path, "rb") as fh:
-                raw = fh.read()
-            pixels = torch.frombuffer(bytearray(raw[: 3 * 64 * 64]), dtype=torch.uint8)
-            return pixels.view(3, 64, 64).float().div_(255), label
+                return decode(fh.read()), label
+
+    def decode(raw: bytes) -> torch.Tensor:
+        pixels = torch.frombuffer(bytearray(raw[: 3 * 64 * 64]), dtype=torch.uint8)
+        return pixels.view(3, 64, 64).float().div_(255)
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    loader = DataLoader(Files(data), batch_size=batch_size, shuffle=True,
-                        num_workers=workers)
+    if pack:
+        from iolens.data import BlockShuffleSampler, HDF5Dataset, LMDBDataset  # noqa: PLC0415
+        from iolens.pack import read_manifest  # noqa: PLC0415
+
+        kind = HDF5Dataset if read_manifest(data)["format"] == "hdf5" else LMDBDataset
+        ds = kind(data, transform=decode)
+        loader = DataLoader(ds, batch_size=batch_size, num_workers=workers,
+                            sampler=BlockShuffleSampler(ds, batch_size))
+    else:
+        loader = DataLoader(Files(data), batch_size=batch_size, shuffle=True,
+                            num_workers=workers)
+    # About 45 ms a step of 32 samples on one core: a model whose step the data can keep up
+    # with once it is packed, on the cycle's slow disk.
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4),
-        torch.nn.Flatten(), torch.nn.Linear(128, 4))
+        torch.nn.Conv2d(3, 32, 3, stride=2), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 32, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4),
+        torch.nn.Flatten(), torch.nn.Linear(512, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     if ready is not None:
         # One step on a blank batch at learning rate 0 (the model stays as it is), so
