@@ -68,6 +68,42 @@ def keep_bytes(batch: list[tuple[Any, int]]) -> list[tuple[Any, int]]:
     return batch
 
 
+def read_tars(dst: Path) -> list[tuple[bytes, int]]:
+    """(bytes, label) of every sample of a WebDataset pack, in its order, read with tarfile."""
+    import tarfile
+
+    m = json.loads((dst / "manifest.json").read_text())
+    out: list[tuple[bytes, int]] = []
+    for s in m["shards"]:
+        with tarfile.open(dst / s["file"]) as tar:
+            files: dict[str, bytes] = {}
+            for member in tar:
+                fh = tar.extractfile(member)
+                assert fh is not None
+                files[member.name] = fh.read()
+        for e in m["samples"][s["first"]:s["first"] + s["count"]]:
+            name = f"{e['key']}.{packing.tar_extension(e['path'])}"
+            label = int(files[f"{e['key']}.cls"]) if e["label"] is not None else -1
+            out.append((files[name], label))
+    return out
+
+
+def wds_samples(dst: Path, workers: int, *, shuffle: bool) -> list[tuple[bytes, int]]:
+    """Every sample of a WebDataset pack as the webdataset library reads it, through a
+    DataLoader with ``workers``."""
+    wds = pytest.importorskip("webdataset")
+    from torch.utils.data import DataLoader
+
+    urls = sorted(str(p) for p in dst.glob("shard-*.tar"))
+    ds = wds.WebDataset(urls, shardshuffle=len(urls) if shuffle else False, empty_check=False)
+    if shuffle:
+        ds = ds.shuffle(50)
+    ds = ds.map(lambda d: (d[next(k for k in d if not k.startswith("__") and k != "cls")],
+                           int(d["cls"]) if "cls" in d else -1))
+    loader = DataLoader(ds, batch_size=None, num_workers=workers)
+    return [(bytes(b), int(label)) for b, label in loader]
+
+
 def test_parse_size() -> None:
     assert packing.parse_size("512M") == 512 << 20
     assert packing.parse_size("4G") == 4 << 30
@@ -285,6 +321,38 @@ def test_a_shuffled_pack_read_in_blocks_gives_every_sample_once(
     assert sorted(got_items) == sorted(by_path.values())
 
 
+@pytest.mark.parametrize("workers", [0, 3])
+def test_webdataset_shards_read_back_through_webdataset(tree: Path, tmp_path: Path,
+                                                        workers: int) -> None:
+    pytest.importorskip("torch")
+    dst = tmp_path / "wds"
+    assert pack(tree, dst, "--format", "webdataset", "--shard-size", "9K", "--shuffle") == 0
+    want = expected(tree)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    assert manifest["format"] == "webdataset" and len(manifest["shards"]) > 5
+    assert sorted(os.listdir(dst)) == sorted(["manifest.json"] +
+                                             [s["file"] for s in manifest["shards"]])
+    originals = sorted((b, label) for _, b, label in want)
+    # the manifest's order and offsets are the tar's own
+    by_path = {p: (b, label) for p, b, label in want}
+    assert read_tars(dst) == [by_path[e["path"]] for e in manifest["samples"]]
+    for shuffle in (False, True):
+        got = wds_samples(dst, workers, shuffle=shuffle)
+        assert sorted(got) == originals, (workers, shuffle)  # every file once, its label
+    unlabeled = tmp_path / "flat"
+    unlabeled.mkdir()
+    (unlabeled / "a.JPG").write_bytes(b"jpeg bytes")
+    (unlabeled / "b").write_bytes(b"no suffix")
+    (unlabeled / "c.tar.gz").write_bytes(b"double")
+    assert pack(unlabeled, tmp_path / "flat.wds", "--format", "webdataset") == 0
+    assert read_tars(tmp_path / "flat.wds") == [(b"jpeg bytes", -1), (b"no suffix", -1),
+                                                (b"double", -1)]
+    import tarfile
+
+    with tarfile.open(tmp_path / "flat.wds" / "shard-00000.tar") as tar:
+        assert tar.getnames() == ["0000000000.jpg", "0000000001.bin", "0000000002.gz"]
+
+
 # ---- resuming ---------------------------------------------------------------------------
 
 SLOW_PACK = """
@@ -326,6 +394,7 @@ def many(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(("fmt", "signum"), [("lmdb", signal.SIGKILL), ("hdf5", signal.SIGKILL),
+                                             ("webdataset", signal.SIGKILL),
                                              ("lmdb", signal.SIGINT)])
 def test_an_interrupted_pack_resumes_to_the_same_result(many: Path, tmp_path: Path, fmt: str,
                                                         signum: int) -> None:
@@ -355,9 +424,14 @@ def test_an_interrupted_pack_resumes_to_the_same_result(many: Path, tmp_path: Pa
     assert ", resumed at file " in again.stdout, again.stdout
     assert comparable(dst) == comparable(tmp_path / "whole")
     assert not (dst / packing.STATE_DIR).exists()
-    ds = DATASETS[fmt](dst)
     want = [(b, label) for p, b, label in expected(many) if p != "class1/fifo"]
-    assert [ds[i] for i in range(len(ds))] == want
+    if fmt == "webdataset":  # the same tar files, byte for byte
+        assert read_tars(dst) == want
+        for s in json.loads((dst / "manifest.json").read_text())["shards"]:
+            assert (dst / s["file"]).read_bytes() == (tmp_path / "whole" / s["file"]).read_bytes()
+    else:
+        ds = DATASETS[fmt](dst)
+        assert [ds[i] for i in range(len(ds))] == want
     print(f"resumed {fmt} pack after {signal.Signals(signum).name} at journal line {done} in "
           f"{time.monotonic() - t:.2f} s")
 

@@ -112,6 +112,17 @@ def test_storage_bound_names_the_device_with_its_evidence() -> None:
         f"try: {first.action}; expected: {first.gain}"]
 
 
+def test_the_pack_advice_fits_the_loader() -> None:
+    records = run_of(wait=0.09, step=0.1, devices=SLOW_LOOP, job_read=112 * 64 * 1024 * 0.99)
+    mapped = next(r for r in diagnose(records, META).recommendations if "pack" in r.action)
+    assert "BlockShuffleSampler" in mapped.action and "webdataset" not in mapped.action
+    for r in records:
+        r["train"]["iterable_loader"] = True
+    stream = next(r for r in diagnose(records, META).recommendations if "pack" in r.action)
+    assert "--format webdataset" in stream.action and "shardshuffle=True" in stream.action
+    assert ".shuffle(" in stream.action and "BlockShuffleSampler" not in stream.action
+
+
 def test_large_reads_point_to_faster_storage_not_packing() -> None:
     big = {"sda": dev(util=99, r_s=40, rkb=40 * 512, r_await=25, aqu=2)}
     v = diagnose(run_of(wait=0.05, step=0.1, devices=big, job_read=40 * 512 * 1024), META)

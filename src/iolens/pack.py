@@ -49,8 +49,9 @@ from typing import Any, Protocol
 PACK_SCHEMA = 1
 MANIFEST = "manifest.json"
 STATE_DIR = ".pack-state"
-FORMATS = ("lmdb", "hdf5")
-SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
+FORMATS = ("lmdb", "hdf5", "webdataset")
+SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "webdataset": ".tar"}
+TAR_BLOCK = 512
 CHECKSUM = "blake2b-128"
 COMMIT_BYTES = 64 << 20
 """A transaction is committed after ``commit_every`` samples or this many bytes."""
@@ -88,6 +89,27 @@ def sample_key(index: int) -> bytes:
 
 def shard_name(fmt: str, shard: int) -> str:
     return f"shard-{shard:05d}{SUFFIX[fmt]}"
+
+
+def tar_extension(path: str) -> str:
+    """The extension a sample keeps in a WebDataset shard: the source file's last suffix,
+    lowercased (WebDataset's decoders go by it), or ``bin`` where it has none or one that
+    is not a plain word (a dot would split the sample's key)."""
+    ext = os.path.splitext(path)[1][1:].lower()
+    return ext if re.fullmatch(r"[a-z0-9_]{1,16}", ext) else "bin"
+
+
+def _padded(n: int) -> int:
+    return -(-n // TAR_BLOCK) * TAR_BLOCK
+
+
+def tar_span(entry: dict[str, Any]) -> int:
+    """The bytes a sample takes in a WebDataset shard: its file's header and data, and the
+    ``cls`` member holding its label when it has one."""
+    span = TAR_BLOCK + _padded(int(entry["size"]))
+    if entry.get("label") is not None:
+        span += TAR_BLOCK + _padded(len(str(entry["label"])))
+    return span
 
 
 # -- listing ------------------------------------------------------------------------------
@@ -213,7 +235,8 @@ def read_sample(path: str) -> bytes:
 class ShardWriter(Protocol):
     """One shard being written. ``write`` makes a batch durable; ``close`` ends the shard."""
 
-    def write(self, first: int, batch: Sequence[bytes]) -> None: ...
+    def write(self, first: int, batch: Sequence[bytes],
+              entries: Sequence[dict[str, Any]]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -235,7 +258,9 @@ class _LMDBWriter:
                 while cur.delete():
                     pass
 
-    def write(self, first: int, batch: Sequence[bytes]) -> None:
+    def write(self, first: int, batch: Sequence[bytes],
+              entries: Sequence[dict[str, Any]]) -> None:
+        del entries
         while True:
             try:
                 with self.env.begin(write=True) as txn:
@@ -275,10 +300,11 @@ class _HDF5Writer:
         self.data = self.file["data"]
         self.end = keep_bytes
 
-    def write(self, first: int, batch: Sequence[bytes]) -> None:
+    def write(self, first: int, batch: Sequence[bytes],
+              entries: Sequence[dict[str, Any]]) -> None:
         import numpy as np  # noqa: PLC0415
 
-        del first
+        del first, entries
         blob = b"".join(batch)
         if blob:
             self.data.resize((self.end + len(blob),))
@@ -295,6 +321,57 @@ class _HDF5Writer:
     def abandon(self) -> None:
         if self.file.id.valid:
             self.file.close()
+
+
+class _TarWriter:
+    """A WebDataset shard: a tar file, per sample ``KEY.EXT`` (the file's bytes) and, for a
+    labeled pack, ``KEY.cls`` (the label as decimal text). Written as ``.part``, cut back to
+    the journaled length when continued, closed with the two zero blocks that end a tar."""
+
+    def __init__(self, path: str, keep_bytes: int) -> None:
+        self.final = path
+        self.part = path + ".part"
+        if os.path.exists(path) and not os.path.exists(self.part):
+            os.replace(path, self.part)  # closed earlier, reopened to continue
+        self.fh = open(self.part, "ab+")  # noqa: SIM115 - held across writes, closed below
+        try:
+            size = os.fstat(self.fh.fileno()).st_size
+            if size < keep_bytes:
+                raise OSError(f"{self.part} holds {size} bytes, fewer than the {keep_bytes} "
+                              "journaled")
+            self.fh.truncate(keep_bytes)
+        except BaseException:
+            self.fh.close()
+            raise
+
+    @staticmethod
+    def _member(name: str, data: bytes) -> bytes:
+        import tarfile  # noqa: PLC0415
+
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = len(data), 0o644, 0
+        pad = _padded(len(data)) - len(data)
+        return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict") + data + b"\0" * pad
+
+    def write(self, first: int, batch: Sequence[bytes],
+              entries: Sequence[dict[str, Any]]) -> None:
+        del first
+        for data, e in zip(batch, entries, strict=True):
+            self.fh.write(self._member(f"{e['key']}.{tar_extension(e['path'])}", data))
+            if e.get("label") is not None:
+                self.fh.write(self._member(f"{e['key']}.cls", str(e["label"]).encode()))
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def close(self) -> None:
+        self.fh.write(b"\0" * (2 * TAR_BLOCK))
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        self.fh.close()
+        os.replace(self.part, self.final)
+
+    def abandon(self) -> None:
+        self.fh.close()
 
 
 # -- the pack -----------------------------------------------------------------------------
@@ -420,7 +497,7 @@ def pack(src: str, dst: str, opts: Options,
     """Pack ``src`` into ``dst`` (or continue an interrupted pack); see the module."""
     t0 = time.monotonic()
     if opts.fmt not in FORMATS:
-        raise PackError(f"unknown format {opts.fmt!r} (choose lmdb or hdf5)")
+        raise PackError(f"unknown format {opts.fmt!r} (choose lmdb, hdf5 or webdataset)")
     if not os.path.isdir(src):
         raise PackError(f"{src} is not a folder" if os.path.exists(src) else
                         f"{src} does not exist")
@@ -533,6 +610,8 @@ class _Packer:
         if self.fmt == "lmdb":
             initial = max(64 << 20, 2 * (self.shard_size or 0), 2 * keep_bytes)
             return _LMDBWriter(path, first, keep, initial)
+        if self.fmt == "webdataset":
+            return _TarWriter(path, sum(tar_span(e) for e in self.entries[first:first + keep]))
         try:
             return _HDF5Writer(path, keep_bytes)
         except OSError:
@@ -607,15 +686,19 @@ class _Packer:
         skipped: list[dict[str, str]] = []
         batch_bytes = 0
         start = self.next
+        # a WebDataset shard's tar bytes: committed, and of the batch
+        tar_done = sum(tar_span(e) for e in self.entries[s["first"]:]) \
+            if self.fmt == "webdataset" else 0
+        tar_batch = 0
 
         self._writer = writer
 
         def commit(end: int) -> None:
-            nonlocal batch, entries, skipped, batch_bytes, start
+            nonlocal batch, entries, skipped, batch_bytes, start, tar_done, tar_batch
             if not batch and not skipped and end == start:
                 return
             first = s["first"] + s["count"]
-            writer.write(first, batch)
+            writer.write(first, batch, entries)
             line = {"shard": len(self.shards) - 1, "start": start, "end": end,
                     "entries": entries, "skipped": skipped}
             self._journal(line)
@@ -625,6 +708,7 @@ class _Packer:
             s["bytes"] += batch_bytes
             self.next = end
             batch, entries, skipped, batch_bytes, start = [], [], [], 0, end
+            tar_done, tar_batch = tar_done + tar_batch, 0
 
         for i, got in self._reads():
             path, label = self.samples[i]
@@ -638,6 +722,7 @@ class _Packer:
                     writer.close()
                     self._new_shard(len(self.shards))
                     s = self.shards[-1]
+                    tar_done = 0
                     self._writer = writer = self._open_shard(len(self.shards) - 1)
                 index = s["first"] + s["count"] + len(batch)
                 entry: dict[str, Any] = {"index": index, "key": sample_key(index).decode(),
@@ -646,6 +731,9 @@ class _Packer:
                                          "blake2b": checksum(got)}
                 if self.fmt == "hdf5":
                     entry["offset"] = s["bytes"] + batch_bytes
+                elif self.fmt == "webdataset":  # where the file's bytes start in the tar
+                    entry["offset"] = tar_done + tar_batch + TAR_BLOCK
+                    tar_batch += tar_span(entry)
                 batch.append(got)
                 entries.append(entry)
                 batch_bytes += size
@@ -723,12 +811,41 @@ def read_shard(dst: str, fmt: str, file: str, entries: Sequence[dict[str, Any]],
         finally:
             env.close()
         return
+    if fmt == "webdataset":
+        yield from _read_tar(path, entries)
+        return
     import h5py  # type: ignore[import-untyped,unused-ignore]  # noqa: PLC0415
 
     with h5py.File(path, "r") as fh:
         data = fh["data"]
         for e in entries:
             yield data[e["offset"]:e["offset"] + e["size"]].tobytes()
+
+
+def _read_tar(path: str, entries: Sequence[dict[str, Any]]) -> Iterator[bytes | None]:
+    """The samples of a WebDataset shard, read back as a tar reader sees it: each entry's
+    file member under its name, at its offset, and its ``cls`` member with its label (None
+    where any of it is wrong)."""
+    import tarfile  # noqa: PLC0415
+
+    with tarfile.open(path, "r:") as tar:
+        members = iter(tar)
+        for e in entries:
+            want: list[tuple[str, bytes | None]] = [
+                (f"{e['key']}.{tar_extension(e['path'])}", None)]
+            if e.get("label") is not None:
+                want.append((f"{e['key']}.cls", str(e["label"]).encode()))
+            got: bytes | None = None
+            for i, (name, content) in enumerate(want):
+                m = next(members, None)
+                fh = tar.extractfile(m) if m is not None and m.name == name else None
+                data = fh.read() if fh is not None else None
+                if data is None or (content is not None and data != content):
+                    got = None
+                    break
+                if i == 0:
+                    got = data if m is not None and m.offset_data == e["offset"] else None
+            yield got
 
 
 def describe_skipped(skipped: Sequence[dict[str, str]], limit: int = 5) -> str:

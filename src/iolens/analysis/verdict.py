@@ -611,7 +611,8 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
         if pipe is not None:
             v.evidence.append(fetch_text(pipe))
-        _saturated_device(v, load, ceiling=ceiling, workers=workers)
+        _saturated_device(v, load, ceiling=ceiling, workers=workers,
+                          iterable=any(_train(r).get("iterable_loader") is True for r in win))
     elif (pipe is not None and blocked and not idle_workers
           and _waits_on_storage(pipe, win, v.storage, d_share)):
         _storage_from_inside(v, pipe, win, share=share, when=when, ceiling=ceiling,
@@ -785,7 +786,8 @@ def _samples_per_s(v: Verdict) -> float:
     return m.whole.steps_per_s * m.whole.batch if m is not None and m.whole else 0.0
 
 
-def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: int) -> None:
+def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: int,
+                      iterable: bool = False) -> None:
     """A device the job's reads saturate: what it serves now is its ceiling in this reading
     pattern. A cache lifts it; a pack only where the device limits requests, not bytes."""
     sps = _samples_per_s(v)
@@ -799,11 +801,7 @@ def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: in
         f"{load.name} answers in {load.r_await:.1f} ms at {load.util:.0f}% util", ceiling,
         {"storage": "ram"}, pm.cached(),
         basis=["if the dataset fits in RAM: no reads reach a device"])
-    pack_action = ("pack the dataset into large files read in large requests: `iolens pack "
-                   "SRC DST --shuffle` writes LMDB or HDF5 shards in a random order; read "
-                   "them with iolens.data.LMDBDataset or HDF5Dataset and "
-                   "sampler=iolens.data.BlockShuffleSampler(dataset, batch_size), so that "
-                   "each batch is one read of consecutive samples")
+    pack_action = _pack_action(iterable)
     because_small = (f"{load.name} is saturated by small reads ({load.rareq_kib:.0f} KiB "
                      f"on average, {load.r_s:.0f}/s)")
     limit = probe.get("limit") if probe else None
@@ -837,6 +835,23 @@ def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: in
         f"{load.name} is {load.util:.0f}% busy", "little until the device is relieved",
         {"num_workers": more}, pm.more_workers(more),
         basis=[f"{more} workers: more requests in flight on a saturated device"]))
+
+
+def _pack_action(iterable: bool) -> str:
+    """The pack advice in the form that fits the job's loader: tar shards streamed whole for
+    an IterableDataset (``iterable``), an indexed pack read in shuffled blocks for a
+    map-style one."""
+    if iterable:
+        return ("pack the dataset into tar shards read whole: `iolens pack SRC DST --format "
+                "webdataset --shard-size 256M --shuffle`; read them with "
+                "webdataset.WebDataset(DST/shard-{00000..N}.tar, shardshuffle=True)"
+                ".shuffle(1000): the shards in a new order each epoch, each read in order, "
+                "the samples mixed in a buffer")
+    return ("pack the dataset into large files read in large requests: `iolens pack SRC DST "
+            "--shuffle` writes LMDB or HDF5 shards in a random order; read them with "
+            "iolens.data.LMDBDataset or HDF5Dataset and "
+            "sampler=iolens.data.BlockShuffleSampler(dataset, batch_size), so that each "
+            "batch is one read of consecutive samples")
 
 
 def _where(v: Verdict) -> str:

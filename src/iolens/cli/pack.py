@@ -1,4 +1,4 @@
-"""``iolens pack SRC DST``: many small sample files into LMDB or HDF5 shards."""
+"""``iolens pack SRC DST``: many small sample files into LMDB, HDF5 or WebDataset shards."""
 
 from __future__ import annotations
 
@@ -18,7 +18,16 @@ sorted class names, as torchvision's ImageFolder), or a folder of files only
 (packed without labels). Read the pack back with iolens.data.LMDBDataset(DST) or
 iolens.data.HDF5Dataset(DST): ds[i] is (the file's bytes, its label).
 
-DST gets shard-00000.lmdb (or .h5), ... and manifest.json: the format, the
+--format webdataset writes tar shards for the webdataset library (and any tar
+reader): per sample KEY.EXT, the file's bytes under its own extension (bin
+where it has none), and KEY.cls, its label; read them with
+  webdataset.WebDataset(DST + "/shard-{00000..N}.tar", shardshuffle=True)
+      .shuffle(1000).to_tuple("jpg", "cls")
+(shards in a new order each epoch, samples mixed in a buffer: the reads stay
+whole shards read in order). Give --shard-size (256M, say) so that there are
+shards to shuffle and to spread over the DataLoader's workers.
+
+DST gets shard-00000.lmdb (or .h5, .tar), ... and manifest.json: the format, the
 classes, the shards and, per sample, its key, source path, size, label and
 blake2b checksum, and the files skipped with the reason. Every stored sample
 is read back and its checksum compared with the source's before the manifest
@@ -40,6 +49,7 @@ examples:
   iolens pack data/train data/train.lmdb
   iolens pack data/train /fast/train.h5pack --format hdf5 --shard-size 4G
   iolens pack data/train data/train.lmdb --shuffle   # read in shuffled blocks
+  iolens pack data/train data/train-wds --format webdataset --shard-size 256M --shuffle
 """
 
 
@@ -47,15 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``iolens pack``."""
     p = argparse.ArgumentParser(
         prog="iolens pack",
-        usage="iolens pack SRC DST [--format lmdb|hdf5] [--shard-size SIZE] [--shuffle]",
-        description="Pack a folder of many small sample files into a few large LMDB or HDF5 "
-                    "files that a disk serves in large reads.",
+        usage="iolens pack SRC DST [--format lmdb|hdf5|webdataset] [--shard-size SIZE] "
+              "[--shuffle]",
+        description="Pack a folder of many small sample files into a few large LMDB, HDF5 or "
+                    "WebDataset (tar) files that a disk serves in large reads.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("src", metavar="SRC", help="the folder of sample files")
     p.add_argument("dst", metavar="DST", help="the pack's folder (made; or an interrupted "
                                               "pack of SRC to continue)")
-    p.add_argument("--format", choices=("lmdb", "hdf5"), default="lmdb",
-                   help="storage format (default lmdb)")
+    p.add_argument("--format", choices=("lmdb", "hdf5", "webdataset"), default="lmdb",
+                   help="storage format (default lmdb; webdataset: tar shards)")
     p.add_argument("--shard-size", metavar="SIZE",
                    help="split into shards of about SIZE bytes (512M, 4G; K, M, G, T are "
                         "powers of 1024); default one shard")
@@ -206,7 +217,8 @@ def summary(result: Any, dst: str) -> str:
 
     m = result.manifest
     shards = len(m["shards"])
-    kind = "LMDB" if m["format"] == "lmdb" else "HDF5"
+    kind = {"lmdb": "LMDB", "hdf5": "HDF5", "webdataset": "WebDataset (tar)"}.get(
+        m["format"], m["format"])
     what = f"{m['count']} samples ({human_bytes(m['bytes'])})"
     labels = f" in {len(m['classes'])} classes" if m["classes"] else ""
     if result.already:
