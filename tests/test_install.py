@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONAL = ["lmdb", "h5py", "webdataset", "plotly", "prometheus_client", "tensorboard",
-            "pynvml"]
+            "mlflow", "pynvml"]
 
 
 def test_the_all_extra_installs_every_optional_part_but_torch(tmp_path: Path) -> None:

@@ -48,12 +48,17 @@ and a warning, and the job runs on):
                             0.0.0.0 listens on every interface); needs prometheus-client
   --csv FILE                one row per interval, fixed header (see the README)
   --tensorboard DIR         key figures as TensorBoard scalars, step = record seq
+  --mlflow                  key figures as MLflow metrics, the verdict as tags and the
+                            report as the artifact iolens/report.html: in the job's own
+                            active MLflow run, or a new one in the store and experiment
+                            MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME name; needs mlflow
 
 examples:
   iolens run -- python train.py --epochs 3
   iolens run --path /data/imagenet --interval 0.5 -- torchrun --nproc-per-node 2 train.py
   iolens run --out runs/baseline --device nvme1n1 -- python train.py
   iolens run --prometheus 9478 --csv run.csv -- python train.py
+  MLFLOW_TRACKING_URI=sqlite:///mlflow.db iolens run --mlflow -- python train.py
 """
 
 
@@ -63,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="iolens run",
         usage="iolens run [--out DIR] [--interval S] [--path P ...] [--device D ...] "
               "[--prometheus [HOST:]PORT] [--job NAME] [--csv FILE] [--tensorboard DIR] "
-              "-- CMD ...",
+              "[--mlflow] -- CMD ...",
         description="Run CMD and record, every interval, the disks, the job's processes and "
                     "how long its training loop waits for data.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "directory's name)")
     p.add_argument("--csv", metavar="FILE",
                    help="also write one CSV row per interval into FILE (replaced)")
+    p.add_argument("--mlflow", action="store_true",
+                   help="also log the key figures, the verdict and the report into MLflow "
+                        "(the job's active run, or a new one)")
     p.add_argument("--tensorboard", metavar="DIR",
                    help="also write the key figures as TensorBoard scalars into DIR")
     live = p.add_mutually_exclusive_group()
@@ -148,7 +156,7 @@ def run(ns: argparse.Namespace) -> int:
                       devices=ns.device, proc_root=ns.proc_root, sys_root=ns.sys_root,
                       instrument=ns.instrument, quiet=ns.quiet, live=ns.live,
                       prometheus=ns.prometheus, job=ns.job, csv=ns.csv,
-                      tensorboard=ns.tensorboard, linger=ns.linger)
+                      tensorboard=ns.tensorboard, mlflow=ns.mlflow, linger=ns.linger)
     try:
         return run_job(opts)
     except SinkError as exc:

@@ -54,6 +54,7 @@ from iolens.sources.devmap import device_for_path
 
 if TYPE_CHECKING:
     from iolens.sinks.prometheus import Exporter
+    from iolens.sinks.tracker import MLflowSink
 
 UNFINISHED = ("the recording did not finish, or is still going on: iolens was stopped "
               "(killed?) before the job ended, or could not replace this meta.json at the end "
@@ -89,6 +90,8 @@ class RunOptions:
     """A CSV file to write one row per interval into; None for none."""
     tensorboard: str | None = None
     """A TensorBoard log directory for the key figures as scalars; None for none."""
+    mlflow: bool = False
+    """Log the key figures, the verdict and the report into MLflow."""
     linger: float = 10.0
     """Seconds to go on recording the job's processes that outlive it (NOTE [leftovers])."""
 
@@ -102,6 +105,8 @@ class Outputs:
     totals: LiveTotals | None = None
     """The cumulative state the Prometheus endpoint serves."""
     exporter: Exporter | None = None
+    tracker: MLflowSink | None = None
+    """The MLflow sink, which also takes the verdict and the report at the end."""
     storage: list[dict[str, Any]] = field(default_factory=list)
     """What serves the dataset as found so far, kept up to date by the recorder in place:
     the live verdicts (the endpoint's and the view's) read it."""
@@ -147,6 +152,11 @@ def open_outputs(opts: RunOptions, watch: dict[str, str],
 
             out.sinks.append((f"--tensorboard {opts.tensorboard}",
                               TensorBoardSink(opts.tensorboard)))
+        if opts.mlflow:
+            from iolens.sinks.tracker import MLflowSink  # noqa: PLC0415 - only when asked for
+
+            out.tracker = MLflowSink(os.path.abspath(opts.out))
+            out.sinks.append(("--mlflow", out.tracker))
     except BaseException:
         for _, sink in out.sinks:
             with contextlib.suppress(Exception):
@@ -231,6 +241,8 @@ def run(opts: RunOptions) -> int:
             _say(opts, f"cannot create {opts.out} ({exc.strerror or exc}); recording to "
                        f"{fallback}")
             run_dir = RunDir(fallback)
+        if outputs.tracker is not None:
+            outputs.tracker.run_dir = os.path.abspath(run_dir.path)
         spare = _spare_timing_dir() if opts.instrument else None
         env = child_env(run_dir.path, opts.interval, opts.instrument, spare)
         try:
@@ -325,8 +337,10 @@ def run(opts: RunOptions) -> int:
     if view is not None and view.error is not None:
         _say(opts, view.error)
     code = exit_code(rc)
+    tracker = outputs.tracker if outputs.tracker is not None and not outputs.tracker.failed \
+        else None  # one that failed was dropped with a note
     _finish(opts, run_dir, recorder, code=code, rc=rc, stopped_by=stopped_by,
-            extra=outputs_meta, spare=spare)
+            extra=outputs_meta, spare=spare, tracker=tracker)
     return code
 
 
@@ -496,7 +510,7 @@ def _child_shares_terminal() -> bool:
 
 def _finish(opts: RunOptions, run_dir: RunDir, recorder: Recorder | None, *, code: int,
             rc: int, stopped_by: list[int], extra: dict[str, Any],
-            spare: str | None = None) -> None:
+            spare: str | None = None, tracker: MLflowSink | None = None) -> None:
     done = finish_run(run_dir, recorder, opts.command, {
         "instrumented": opts.instrument,
         **extra,
@@ -509,6 +523,27 @@ def _finish(opts: RunOptions, run_dir: RunDir, recorder: Recorder | None, *, cod
     _say(opts, f"run directory {done.path} ({done.records} intervals, exit code {code})")
     for line in end_lines(done.path, done.summary):
         _say(opts, line)
+    if tracker is not None:
+        try:
+            where = tracker.finish(done.path, done.summary, code)
+            _say(opts, f"MLflow: figures, verdict and report in {where}")
+        except Exception as exc:  # noqa: BLE001 - NOTE [a sink never hurts the job]
+            message = f"--mlflow could not take the verdict and the report: {exc}"
+            _say(opts, f"warning: {message}")
+            add_note(done.path, message)
+
+
+def add_note(path: str, message: str) -> None:
+    """Append ``message`` to the notes of the finished run's meta.json (best effort: a run
+    directory that cannot take it keeps what it holds)."""
+    meta_path = os.path.join(path, "meta.json")
+    try:
+        with open(meta_path, encoding="utf-8") as fh:
+            meta = json.load(fh)
+        meta.setdefault("notes", []).append(message)
+        write_atomic(meta_path, (json.dumps(meta, indent=2, allow_nan=False) + "\n").encode())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def end_lines(path: str, summary: dict[str, Any]) -> list[str]:

@@ -49,7 +49,8 @@ class TimingWriter:
     """
 
     __slots__ = ("_fd", "_ids", "_pfd", "buf", "directory", "dropped", "error", "flush_ns",
-                 "last_flush", "moved", "paths", "pid", "spare", "spare_bytes", "written")
+                 "last_flush", "moved", "paths", "pid", "spare", "spare_bytes", "tracker",
+                 "written")
 
     def __init__(self, directory: str, flush_ns: int = 500_000_000,
                  spare: str | None = None) -> None:
@@ -72,6 +73,8 @@ class TimingWriter:
         self.dropped = 0
         self.written = 0
         self.error: str | None = None
+        self.tracker: str | None = None
+        """The job's own MLflow run id, once noted (NOTE [the job's tracker run])."""
 
     def flush(self, now: int | None = None) -> None:
         """Append what is buffered; on failure, count the loss and remember why."""
@@ -169,6 +172,25 @@ class TimingWriter:
         with contextlib.suppress(OSError, TypeError, ValueError):
             write_atomic(os.path.join(self._folder(), f"{self.pid}.json"),
                          json.dumps(info).encode())
+
+    def note_tracker(self) -> None:
+        """NOTE [the job's tracker run]: when the job has an MLflow run active as a
+        DataLoader starts an epoch (the script called ``mlflow.start_run()``), write its
+        id, experiment and tracking URI to ``tracker-<pid>.json`` beside the timing
+        files, so that ``iolens run --mlflow`` logs into that run instead of a new one.
+        mlflow is never imported here: only a job that imported it is asked."""
+        m = sys.modules.get("mlflow")
+        if m is None or self.moved is not None:
+            return
+        run = m.active_run()
+        if run is None or run.info.run_id == self.tracker:
+            return
+        info = {"tracker": "mlflow", "run_id": run.info.run_id,
+                "experiment_id": run.info.experiment_id,
+                "tracking_uri": str(m.get_tracking_uri()), "pid": self.pid}
+        write_atomic(os.path.join(self._folder(), f"tracker-{self.pid}.json"),
+                     json.dumps(info).encode())
+        self.tracker = run.info.run_id
 
     def _folder(self) -> str:
         """The timing directory, made if missing; OSError when a symlink stands in its place.
@@ -848,6 +870,8 @@ def patch_dataloader(module: ModuleType) -> None:
             it._iolens_tag = _note_epoch(w, self, it, t)
             with contextlib.suppress(Exception):  # NOTE [never hurt the job]
                 _time_in_process(it)
+            with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+                w.note_tracker()
         return it
 
     __next__.__wrapped__ = orig_next  # type: ignore[attr-defined]

@@ -1,0 +1,136 @@
+"""`iolens run --mlflow` on a real training and a real MLflow store (sqlite), read back
+through MLflow's own client: the verdict's tags, metric histories of more than one point
+and the report artifact, in a new run, or in the run the script started itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("mlflow")
+
+TRAIN = """
+import sys, time, torch
+from torch.utils.data import DataLoader, Dataset
+torch.set_num_threads(1)
+OWN = sys.argv[1] == "own"
+
+class Slow(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        time.sleep(0.01)  # a fetch that waits
+        return torch.zeros(8), i % 2
+
+def train():
+    loader = DataLoader(Slow(), batch_size=8, num_workers=1)
+    for _ in range(3):
+        for x, y in loader:
+            time.sleep(0.01)
+
+if OWN:
+    import mlflow
+    with mlflow.start_run(run_name="the script's own") as run:
+        mlflow.log_param("lr", 0.1)
+        train()
+        print("RUN", run.info.run_id)
+else:
+    train()
+"""
+
+
+def run_with_mlflow(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess[str], Any]:
+    from mlflow.tracking import MlflowClient
+
+    (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "iolens-test"}
+    out = subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.5", "--out",
+                          str(tmp_path / "run"), "--no-live", "--mlflow", "--",
+                          sys.executable, str(tmp_path / "train.py"), mode],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    return out, MlflowClient(tracking_uri=uri)
+
+
+def check_run(client: Any, run_id: str, run_dir: Path) -> None:
+    run = client.get_run(run_id)
+    tags = run.data.tags
+    assert tags["iolens.verdict"] in {"loader-starved", "fetch-bound", "storage-bound",
+                                      "compute-bound", "handover-bound"}, tags
+    assert tags["iolens.severity"] in {"none", "moderate", "high"}
+    assert tags["iolens.run_dir"] == str(run_dir)
+    assert tags.get("iolens.recommendation"), tags
+    for key in ("iolens.steps_per_s", "iolens.data_wait_share", "iolens.fetch_ms",
+                "iolens.busiest_util"):
+        history = client.get_metric_history(run_id, key)
+        assert len(history) > 1, (key, history)
+        assert len({m.step for m in history}) == len(history)
+    fetch = client.get_metric_history(run_id, "iolens.fetch_ms")
+    assert any(m.value >= 9 for m in fetch), fetch  # 10 ms sleeps, timed in the worker
+    arts = [a.path for a in client.list_artifacts(run_id, "iolens")]
+    assert arts == ["iolens/report.html"], arts
+    page = Path(client.download_artifacts(run_id, "iolens/report.html", str(run_dir.parent)))
+    assert page.read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_a_new_run_in_the_experiment_mlflow_names(tmp_path: Path) -> None:
+    out, client = run_with_mlflow(tmp_path, "plain")
+    exp = client.get_experiment_by_name("iolens-test")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1, runs
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    check_run(client, run.info.run_id, tmp_path / "run")
+    assert f"a new MLflow run {run.info.run_id}" in out.stderr, out.stderr
+
+
+def test_the_scripts_own_run_gets_the_figures(tmp_path: Path) -> None:
+    out, client = run_with_mlflow(tmp_path, "own")
+    theirs = next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("RUN"))
+    exp = client.get_experiment_by_name("iolens-test")
+    runs = client.search_runs([exp.experiment_id])
+    assert [r.info.run_id for r in runs] == [theirs], runs  # no second run
+    assert client.get_run(theirs).data.params == {"lr": "0.1"}
+    check_run(client, theirs, tmp_path / "run")
+    assert f"the job's MLflow run {theirs}" in out.stderr, out.stderr
+
+
+def test_without_mlflow_installed_the_job_is_not_started(tmp_path: Path) -> None:
+    code = ("import importlib.util, sys\n"
+            "real = importlib.util.find_spec\n"
+            "importlib.util.find_spec = lambda n, *a: None if n == 'mlflow' else real(n, *a)\n"
+            "from iolens.cli import main\n"
+            "sys.exit(main(['run', '--mlflow', '--', 'true']))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert out.returncode == 2, out.stderr
+    assert "--mlflow needs MLflow: pip install 'iolens[mlflow]'" in out.stderr
+    assert "the job was not started" in out.stderr
+
+
+def test_a_tracker_that_fails_is_dropped_with_a_note_and_the_job_runs_on(
+        tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": "nosuchscheme://nowhere"}
+    out = subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.5", "--out",
+                          str(tmp_path / "run"), "--no-live", "--mlflow", "--",
+                          sys.executable, str(tmp_path / "train.py"), "plain"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    notes = json.loads((tmp_path / "run" / "meta.json").read_text())["notes"]
+    assert any(n.startswith("--mlflow stopped: ") and "the run goes on without it" in n
+               for n in notes), notes
+    assert "warning: --mlflow stopped" in out.stderr
+    assert "iolens: verdict: " in out.stderr  # the rest of the run is whole
