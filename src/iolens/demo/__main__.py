@@ -170,16 +170,9 @@ def main(argv: list[str] | None = None) -> int:
 def evict_tree(root: str) -> None:
     """Drop the cached pages of the files under ``root`` (a dataset larger than memory would
     find none of them cached at the next epoch)."""
-    for folder, _, files in os.walk(root):
-        for name in files:
-            try:
-                fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+    from iolens.demo.slowdisk import drop_cached_tree  # noqa: PLC0415
+
+    drop_cached_tree(root)
 
 
 def train_on_slow_disk(disk: SlowDisk, args: argparse.Namespace) -> int:

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType, TracebackType
 
 from iolens.sources.devmap import device_for_path, read_mountinfo
@@ -228,6 +228,25 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
+def drop_cached(paths: Iterable[str]) -> None:
+    """Drop the cached clean pages of the files at ``paths`` (posix_fadvise DONTNEED); a file
+    that cannot be opened is passed over."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def drop_cached_tree(root: str) -> None:
+    """:func:`drop_cached` for every file under ``root``."""
+    drop_cached(os.path.join(folder, f) for folder, _, files in os.walk(root) for f in files)
+
+
 class SlowDisk:
     """A throttled loop device with ext4 mounted on it; a context manager (see the module)."""
 
@@ -385,18 +404,8 @@ class SlowDisk:
         """Drop the cached pages of this disk's files only, so the next reads reach the disk
         while the rest of the machine keeps its page cache."""
         os.sync()
-        paths = [self.backing_file]
-        for folder, _, files in os.walk(self.mount_point):
-            paths.extend(os.path.join(folder, f) for f in files)
-        for path in paths:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+        drop_cached([self.backing_file])
+        drop_cached_tree(self.mount_point)
 
     def describe(self) -> str:
         """One line on what was set up."""
