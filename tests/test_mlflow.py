@@ -15,6 +15,8 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("mlflow")
+# MLflow's sqlite store uses an SQLAlchemy option that SQLAlchemy 2.1 warns of.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 TRAIN = """
 import sys, time, torch
@@ -134,3 +136,84 @@ def test_a_tracker_that_fails_is_dropped_with_a_note_and_the_job_runs_on(
                for n in notes), notes
     assert "warning: --mlflow stopped" in out.stderr
     assert "iolens: verdict: " in out.stderr  # the rest of the run is whole
+
+
+def test_monitor_with_mlflow_logs_into_the_scripts_run(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    # the script's own MLflow run, and the monitor around the training inside it
+    script = "import iolens\n" + textwrap.dedent(TRAIN).replace(
+        'with mlflow.start_run(run_name="the script\'s own") as run:',
+        'with mlflow.start_run(run_name="the script\'s own") as run, '
+        'iolens.monitor(sys.argv[2], 0.5, mlflow=True):')
+    assert "iolens.monitor(" in script
+    (tmp_path / "train.py").write_text(script)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "iolens-test"}
+    out = subprocess.run([sys.executable, str(tmp_path / "train.py"), "own",
+                          str(tmp_path / "run")], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    client = MlflowClient(tracking_uri=uri)
+    theirs = next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("RUN"))
+    exp = client.get_experiment_by_name("iolens-test")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    assert [r.info.run_id for r in runs] == [theirs], runs
+    check_run(client, theirs, tmp_path / "run")
+
+
+LIGHTNING = """
+import sys, time, torch
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import MLFlowLogger
+from torch.utils.data import DataLoader, Dataset
+from iolens.integrations.lightning import IolensCallback
+
+class Slow(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return torch.ones(4), torch.ones(1)
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+    def training_step(self, batch, idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.lin(x), y)
+        self.log("loss", loss)
+        return loss
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+logger = MLFlowLogger(experiment_name="lightning", tracking_uri=sys.argv[1])
+trainer = pl.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=logger,
+                     callbacks=[IolensCallback(sys.argv[2], interval=0.5, mlflow=True)],
+                     enable_progress_bar=False, enable_checkpointing=False,
+                     enable_model_summary=False, log_every_n_steps=2)
+trainer.fit(Model(), DataLoader(Slow(), batch_size=8, num_workers=1))
+print("RUN", logger.run_id)
+"""
+
+
+def test_lightnings_mlflow_logger_run_gets_the_figures(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    from mlflow.tracking import MlflowClient
+
+    (tmp_path / "train.py").write_text(textwrap.dedent(LIGHTNING))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    out = subprocess.run([sys.executable, str(tmp_path / "train.py"), uri,
+                          str(tmp_path / "run")], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    theirs = next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("RUN"))
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("lightning")
+    assert exp is not None
+    assert [r.info.run_id for r in client.search_runs([exp.experiment_id])] == [theirs]
+    assert len(client.get_metric_history(theirs, "loss")) > 1  # the logger's own figures
+    check_run(client, theirs, tmp_path / "run")

@@ -49,7 +49,7 @@ class Monitor:
 
     def __init__(self, out: str | os.PathLike[str] | None = None, interval: float = 1.0,
                  paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
-                 instrument: bool = True, quiet: bool = False) -> None:
+                 instrument: bool = True, quiet: bool = False, mlflow: bool = False) -> None:
         if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
             raise ValueError(f"interval must be between {MIN_INTERVAL_S:g} and "
                              f"{MAX_INTERVAL_S:g} seconds, not {interval!r}")
@@ -58,6 +58,7 @@ class Monitor:
         self.devices = list(devices)
         self.instrument = instrument
         self.quiet = quiet
+        self.mlflow = mlflow
         self._out = os.fspath(out) if out is not None else None
         self.run_dir: str | None = None
         """Where the run is recorded; set by :meth:`start`."""
@@ -102,6 +103,8 @@ class Monitor:
             cmd += ["--device", d]
         if not self.instrument:
             cmd.append("--no-instrument")
+        if self.mlflow:
+            cmd.append("--mlflow")
         for a in [sys.executable, *argv]:
             cmd += ["--command", a]
         env = dict(os.environ)
@@ -228,16 +231,19 @@ def _forget_in_children(proc: subprocess.Popen[bytes]) -> None:
 
 def monitor(out: str | os.PathLike[str] | None = None, interval: float = 1.0,
             paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
-            instrument: bool = True, quiet: bool = False) -> Monitor:
+            instrument: bool = True, quiet: bool = False, mlflow: bool = False) -> Monitor:
     """Record this process as ``iolens run`` would: ``with iolens.monitor(): train()``.
 
     ``out`` is the run directory (default ``iolens-runs/<time>-<script>``),
     ``interval`` the sampling period in seconds (0.05 to 60), ``paths`` the
     paths whose devices to watch besides the current directory's and those
     the job opens, ``devices`` device names to watch as well. With
-    ``instrument`` (the default) every torch DataLoader is timed.
+    ``instrument`` (the default) every torch DataLoader is timed. With ``mlflow``
+    the figures, the verdict and the report also go into MLflow, as with ``iolens run
+    --mlflow`` (the script's active MLflow run, or a new one).
     """
-    return Monitor(out, interval, paths, devices, instrument=instrument, quiet=quiet)
+    return Monitor(out, interval, paths, devices, instrument=instrument, quiet=quiet,
+                   mlflow=mlflow)
 
 
 class InstrumentedLoader(Generic[T]):

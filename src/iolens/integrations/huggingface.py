@@ -60,10 +60,10 @@ class IolensCallback(TrainerCallback):
 
     def __init__(self, out: str | os.PathLike[str] | None = None, interval: float = 1.0,
                  paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
-                 quiet: bool = False) -> None:
+                 quiet: bool = False, mlflow: bool = False) -> None:
         super().__init__()
         self._session = Session(out, interval, paths, devices, quiet=quiet,
-                                hooks="Trainer step")
+                                hooks="Trainer step", mlflow=mlflow)
         self.outcome: Outcome | None = None
         """What was logged when training last ended."""
 

@@ -24,11 +24,13 @@ patch cannot see (any other iterable) is recorded from these hooks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from iolens.integrations._common import Outcome, Session, emit, log, num_workers
+from iolens.training import _hooks
 
 try:
     import lightning.pytorch as pl
@@ -64,13 +66,14 @@ class IolensCallback(pl.Callback):
 
     def __init__(self, out: str | os.PathLike[str] | None = None, interval: float = 1.0,
                  paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
-                 quiet: bool = False, log_every_n_steps: int | None = None) -> None:
+                 quiet: bool = False, log_every_n_steps: int | None = None,
+                 mlflow: bool = False) -> None:
         super().__init__()
         if log_every_n_steps is not None and log_every_n_steps < 1:
             raise ValueError(f"log_every_n_steps must be 1 or more, not {log_every_n_steps!r}")
         self.log_every_n_steps = log_every_n_steps
         self._session = Session(out, interval, paths, devices, quiet=quiet,
-                                hooks="Lightning batch")
+                                hooks="Lightning batch", mlflow=mlflow)
         self._every = 50
         self._count = 0
         self.outcome: Outcome | None = None
@@ -92,6 +95,8 @@ class IolensCallback(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._session.arm(_train_loader(trainer))
+        with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+            _note_mlflow_logger(trainer)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         loader = _train_loader(trainer)
@@ -127,6 +132,19 @@ class IolensCallback(pl.Callback):
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._session.timer.end()  # validation is not data wait of the next training batch
+
+
+def _note_mlflow_logger(trainer: Any) -> None:
+    """An MLFlowLogger's run is the job's MLflow run (NOTE [the job's tracker run] in
+    iolens/training/_hooks.py): it logs through MLflow's client, not the active run."""
+    w = _hooks.writer()
+    if w is None:
+        return
+    for logger in getattr(trainer, "loggers", None) or ():
+        if type(logger).__name__ == "MLFlowLogger" and getattr(logger, "run_id", None):
+            w.note_mlflow_run(str(logger.run_id), str(logger.experiment_id),
+                              str(getattr(logger, "_tracking_uri", None) or ""))
+            return
 
 
 def _is_global_zero(trainer: Any) -> bool:

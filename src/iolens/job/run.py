@@ -524,13 +524,20 @@ def _finish(opts: RunOptions, run_dir: RunDir, recorder: Recorder | None, *, cod
     for line in end_lines(done.path, done.summary):
         _say(opts, line)
     if tracker is not None:
-        try:
-            where = tracker.finish(done.path, done.summary, code)
-            _say(opts, f"MLflow: figures, verdict and report in {where}")
-        except Exception as exc:  # noqa: BLE001 - NOTE [a sink never hurts the job]
-            message = f"--mlflow could not take the verdict and the report: {exc}"
-            _say(opts, f"warning: {message}")
-            add_note(done.path, message)
+        finish_tracker(tracker, done, code, partial(_say, opts))
+
+
+def finish_tracker(tracker: MLflowSink, done: Finished, code: int,
+                   say: Callable[[str], None]) -> None:
+    """Hand the finished run's verdict and report to the tracker, and say where they went;
+    a failure is said and noted in meta.json (NOTE [a sink never hurts the job])."""
+    try:
+        where = tracker.finish(done.path, done.summary, code)
+        say(f"MLflow: figures, verdict and report in {where}")
+    except Exception as exc:  # noqa: BLE001 - NOTE [a sink never hurts the job]
+        message = f"--mlflow could not take the verdict and the report: {exc}"
+        say(f"warning: {message}")
+        add_note(done.path, message)
 
 
 def add_note(path: str, message: str) -> None:

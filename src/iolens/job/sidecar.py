@@ -1,6 +1,7 @@
 """The sidecar that ``iolens.monitor()`` starts: records a process that is already running.
 
     python -m iolens.job.sidecar --pid PID --out DIR [--interval S] [--path P] [--device D]
+                                 [--mlflow]
 
 It samples like ``iolens run`` does, with PID as the root of the job's
 process tree, until it reads ``stop`` (or end of file) on its standard input,
@@ -24,9 +25,10 @@ import signal
 import sys
 import time
 
-from iolens.job.run import UNFINISHED, finish_run, initial_watch
+from iolens.job.run import UNFINISHED, finish_run, finish_tracker, initial_watch
 from iolens.recorder.sampler import Recorder
 from iolens.rundir import RunDir
+from iolens.sinks.base import FanOut, SinkError
 from iolens.sources.procfs import pid_alive
 
 
@@ -94,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--path", action="append", default=[])
     ap.add_argument("--device", action="append", default=[])
     ap.add_argument("--no-instrument", dest="instrument", action="store_false")
+    ap.add_argument("--mlflow", action="store_true",
+                    help="the figures, the verdict and the report into MLflow")
     ap.add_argument("--command", action="append", default=[],
                     help="the monitored program's command line, for meta.json")
     ns = ap.parse_args(_glued(sys.argv[1:] if argv is None else argv))
@@ -105,26 +109,44 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     watch, notes = initial_watch(ns.path, ns.device)
+
+    def say(message: str) -> None:
+        print(f"iolens: monitor: {message}", file=sys.stderr)
+
+    fan = FanOut(notes, lambda message: say(f"warning: {message}"))
+    tracker = None
+    if ns.mlflow:
+        from iolens.sinks.tracker import MLflowSink  # noqa: PLC0415 - only when asked for
+
+        try:
+            tracker = MLflowSink(run_dir.path)
+            fan.add("--mlflow", tracker)
+        except SinkError as exc:
+            fan.note(f"no MLflow: {exc}")
     control = _Control(ns.pid)
     recorder: Recorder | None = None
     try:
         recorder = Recorder(run_dir, ns.pid, ns.interval, watch,
                             exclude_pids=frozenset({os.getpid()}))
         recorder.notes.extend(notes)
+        fan.notes = recorder.notes
         run_dir.write_meta(recorder.base_meta(ns.command, {
             "mode": "monitor", "instrumented": ns.instrument,
             "notes": [*recorder.notes, UNFINISHED]}))
         _ready()
-        recorder.loop(control.wait)
-        recorder.sample()  # the last, partial interval
+        recorder.loop(control.wait, on_record=fan if fan.names else None)
+        fan(recorder.sample())  # the last, partial interval
     except Exception as exc:  # noqa: BLE001 - NOTE [never hurt the job] in sampler.py
         print(f"iolens: monitor recording stopped: {exc!r}", file=sys.stderr)
         if recorder is not None:
             recorder.notes.append(f"recording stopped: {exc!r}")
+    fan.close()
     done = finish_run(run_dir, recorder, ns.command, {
         "mode": "monitor", "instrumented": ns.instrument, "ended": control.ended})
     for message in done.warnings:
-        print(f"iolens: monitor: {message}", file=sys.stderr)
+        say(message)
+    if tracker is not None and not tracker.failed:
+        finish_tracker(tracker, done, 0, say)
     return 0
 
 

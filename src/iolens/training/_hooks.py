@@ -180,17 +180,23 @@ class TimingWriter:
         files, so that ``iolens run --mlflow`` logs into that run instead of a new one.
         mlflow is never imported here: only a job that imported it is asked."""
         m = sys.modules.get("mlflow")
-        if m is None or self.moved is not None:
+        if m is None:
             return
         run = m.active_run()
-        if run is None or run.info.run_id == self.tracker:
+        if run is not None:
+            self.note_mlflow_run(run.info.run_id, run.info.experiment_id,
+                                 str(m.get_tracking_uri()))
+
+    def note_mlflow_run(self, run_id: str, experiment_id: str, tracking_uri: str) -> None:
+        """Name the MLflow run the job logs into (the fluent API's active run, or a
+        framework logger's, such as Lightning's MLFlowLogger)."""
+        if self.moved is not None or run_id == self.tracker:
             return
-        info = {"tracker": "mlflow", "run_id": run.info.run_id,
-                "experiment_id": run.info.experiment_id,
-                "tracking_uri": str(m.get_tracking_uri()), "pid": self.pid}
+        info = {"tracker": "mlflow", "run_id": run_id, "experiment_id": experiment_id,
+                "tracking_uri": tracking_uri, "pid": self.pid}
         write_atomic(os.path.join(self._folder(), f"tracker-{self.pid}.json"),
                      json.dumps(info).encode())
-        self.tracker = run.info.run_id
+        self.tracker = run_id
 
     def _folder(self) -> str:
         """The timing directory, made if missing; OSError when a symlink stands in its place.
