@@ -5,6 +5,7 @@ and the report artifact, in a new run, or in the run the script started itself."
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -48,11 +49,27 @@ else:
 """
 
 
-def run_with_mlflow(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess[str], Any]:
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty sqlite tracking store, its tables made once (that takes MLflow seconds)."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("store") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    return db
+
+
+def store(empty_store: Path, tmp_path: Path) -> str:
+    """A fresh copy of the empty store in ``tmp_path``: its tracking URI."""
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def run_with_mlflow(tmp_path: Path, mode: str, uri: str,
+                    ) -> tuple[subprocess.CompletedProcess[str], Any]:
     from mlflow.tracking import MlflowClient
 
     (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "iolens-test"}
     out = subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.5", "--out",
                           str(tmp_path / "run"), "--no-live", "--mlflow", "--",
@@ -84,8 +101,8 @@ def check_run(client: Any, run_id: str, run_dir: Path) -> None:
     assert page.read_text().lstrip().lower().startswith("<!doctype html")
 
 
-def test_a_new_run_in_the_experiment_mlflow_names(tmp_path: Path) -> None:
-    out, client = run_with_mlflow(tmp_path, "plain")
+def test_a_new_run_in_the_experiment_mlflow_names(tmp_path: Path, empty_store: Path) -> None:
+    out, client = run_with_mlflow(tmp_path, "plain", store(empty_store, tmp_path))
     exp = client.get_experiment_by_name("iolens-test")
     runs = client.search_runs([exp.experiment_id])
     assert len(runs) == 1, runs
@@ -95,8 +112,8 @@ def test_a_new_run_in_the_experiment_mlflow_names(tmp_path: Path) -> None:
     assert f"a new MLflow run {run.info.run_id}" in out.stderr, out.stderr
 
 
-def test_the_scripts_own_run_gets_the_figures(tmp_path: Path) -> None:
-    out, client = run_with_mlflow(tmp_path, "own")
+def test_the_scripts_own_run_gets_the_figures(tmp_path: Path, empty_store: Path) -> None:
+    out, client = run_with_mlflow(tmp_path, "own", store(empty_store, tmp_path))
     theirs = next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("RUN"))
     exp = client.get_experiment_by_name("iolens-test")
     runs = client.search_runs([exp.experiment_id])
@@ -138,7 +155,8 @@ def test_a_tracker_that_fails_is_dropped_with_a_note_and_the_job_runs_on(
     assert "iolens: verdict: " in out.stderr  # the rest of the run is whole
 
 
-def test_monitor_with_mlflow_logs_into_the_scripts_run(tmp_path: Path) -> None:
+def test_monitor_with_mlflow_logs_into_the_scripts_run(tmp_path: Path,
+                                                        empty_store: Path) -> None:
     from mlflow.tracking import MlflowClient
 
     # the script's own MLflow run, and the monitor around the training inside it
@@ -148,7 +166,7 @@ def test_monitor_with_mlflow_logs_into_the_scripts_run(tmp_path: Path) -> None:
         'iolens.monitor(sys.argv[2], 0.5, mlflow=True):')
     assert "iolens.monitor(" in script
     (tmp_path / "train.py").write_text(script)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store(empty_store, tmp_path)
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "iolens-test"}
     out = subprocess.run([sys.executable, str(tmp_path / "train.py"), "own",
                           str(tmp_path / "run")], cwd=tmp_path, env=env, capture_output=True,
@@ -199,12 +217,13 @@ print("RUN", logger.run_id)
 """
 
 
-def test_lightnings_mlflow_logger_run_gets_the_figures(tmp_path: Path) -> None:
+def test_lightnings_mlflow_logger_run_gets_the_figures(tmp_path: Path,
+                                                       empty_store: Path) -> None:
     pytest.importorskip("lightning")
     from mlflow.tracking import MlflowClient
 
     (tmp_path / "train.py").write_text(textwrap.dedent(LIGHTNING))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store(empty_store, tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     out = subprocess.run([sys.executable, str(tmp_path / "train.py"), uri,
                           str(tmp_path / "run")], cwd=tmp_path, env=env, capture_output=True,
