@@ -193,20 +193,21 @@ def test_named_device_that_vanishes_is_skipped_while_absent(tmp_path: Path) -> N
 
 
 def test_uptime_going_backwards_live_is_skipped_not_fatal(tmp_path: Path) -> None:
-    import threading
-    import time
-
     proc = proc_dir(tmp_path, FakeSnapshot("500.00", [SDA0]))
-
-    def rewind() -> None:
-        time.sleep(0.3)
-        with open(proc / "uptime", "r+") as fh:
-            fh.write("100.00 0.00\n")
-
-    t = threading.Thread(target=rewind)
-    t.start()
-    out = iolens("iostat", "--proc-root", str(proc), "--sys-root", str(tmp_path), "0.6", "2")
-    t.join()
+    env = {"PATH": os.environ["PATH"], "LC_ALL": "C"}
+    p = subprocess.Popen([sys.executable, "-m", "iolens", "iostat", "--proc-root", str(proc),
+                          "--sys-root", str(tmp_path), "0.6", "2"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    assert p.stdout is not None
+    first = []
+    for line in p.stdout:  # the first report is out: its sample is taken
+        first.append(line)
+        if line.startswith("sda"):
+            break
+    with open(proc / "uptime", "r+") as fh:  # then the clock goes back
+        fh.write("100.00 0.00\n")
+    rest, err = p.communicate(timeout=60)
+    out = subprocess.CompletedProcess(p.args, p.returncode, "".join(first) + rest, err)
     assert out.returncode == 0, out.stderr
     assert "uptime clock went backwards" in out.stderr
     assert out.stdout.count("Device ") == 2
