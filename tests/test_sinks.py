@@ -59,6 +59,27 @@ def test_scalars_of_a_record() -> None:
     assert not any(k.startswith("train/") for k in idle)
 
 
+def test_mlflow_metrics_of_a_record() -> None:
+    from iolens.sinks.tracker import metrics
+
+    rec = {**RECORD, "devices": {**RECORD["devices"], "vda": {"util": 5.0, "r_await": 0.3}},
+           "train": {**RECORD["train"], "pipeline": {
+               "batches": 4, "samples": 64, "fetch_s": 0.64, "fetch_cpu_s": 0.16,
+               "collate_s": 0.02, "handover": {"count": 4, "sum_s": 0.008}}}}
+    m = metrics(rec)
+    assert m["iolens.steps_per_s"] == 20.0 and m["iolens.data_wait_share"] == 0.75
+    assert m["iolens.busiest_util"] == 95.0 and m["iolens.busiest_r_await"] == 12.5  # sda
+    assert m["iolens.device.vda.util"] == 5.0 and m["iolens.read_MBps"] == 2.0
+    assert m["iolens.fetch_ms"] == pytest.approx(10.0)
+    assert m["iolens.fetch_blocked_share"] == pytest.approx(0.75)
+    assert m["iolens.collate_ms"] == pytest.approx(5.0)
+    assert m["iolens.handover_ms"] == pytest.approx(2.0)
+    # an interval without batches or figures gives none of theirs, and nothing not a number
+    idle = metrics({"interval_s": 1.0, "train": {"batches": 0}, "devices": {"sda": {
+        "util": None}}, "job": {"read_bytes_s": "x"}})
+    assert idle == {}
+
+
 def test_csv_header_is_fixed_at_the_first_record(tmp_path: Path) -> None:
     notes: list[str] = []
     sink = CsvSink(str(tmp_path / "out.csv"), ["sda"], notes.append)

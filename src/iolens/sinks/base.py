@@ -100,6 +100,14 @@ class FanOut:
             self.warn(message)
 
 
+def number(value: Any) -> float | None:
+    """A record's figure as a float; None for what is not a number (a bool, a string,
+    null), which a sink leaves out."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         where = f" ({exc.filename})" if exc.filename else ""

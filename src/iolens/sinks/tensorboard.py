@@ -26,15 +26,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from iolens.sinks.base import SinkError
+from iolens.sinks.base import number as _num
 
 INSTALL_HINT = "pip install 'iolens[tensorboard]'"
 _MB = 1 << 20
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
 
 
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:

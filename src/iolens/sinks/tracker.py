@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from iolens.sinks.base import SinkError
+from iolens.sinks.base import number as _num
 
 INSTALL_HINT = "pip install 'iolens[mlflow]'"
 TAG_MAX = 5000
@@ -48,12 +49,6 @@ JOIN_S = 60.0
 """How long the end waits for the tracker's thread to send what it holds."""
 _MB = 1 << 20
 _STOP = object()
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
 
 
 def metrics(record: Mapping[str, Any]) -> dict[str, float]:
