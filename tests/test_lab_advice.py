@@ -107,13 +107,17 @@ def follow(tmp_path: Path, rec: dict[str, Any], *args: str) -> list[float]:
     return out
 
 
-def held(rec: dict[str, Any], after: list[float]) -> None:
+def held(rec: dict[str, Any], after: list[float], predicted: float | None = None) -> None:
+    """The mean of the runs ``after`` the fix within TOLERANCE of the prediction (``rec``'s,
+    or ``predicted`` where several runs before the fix each made one)."""
     p = rec["prediction"]
+    want = p["steps_per_s"] if predicted is None else predicted
     mean = statistics.fmean(after)
-    err = mean / p["steps_per_s"] - 1
+    err = mean / want - 1
     assert abs(err) <= TOLERANCE, (
-        f"{rec['action']}: predicted {p['steps_per_s']} ({p['low']}-{p['high']}), measured "
-        f"{after} (mean {mean:.2f}, {err * 100:+.0f}%); basis {p['basis']}")
+        f"{rec['action']}: predicted {want:.2f} (first run: {p['steps_per_s']}, "
+        f"{p['low']}-{p['high']}), measured {after} (mean {mean:.2f}, {err * 100:+.0f}%); "
+        f"basis {p['basis']}")
 
 
 @pytest.mark.parametrize("workers", [1, 0])
@@ -165,14 +169,27 @@ def test_cpu_heavy_samples_on_busy_cores_are_told_to_get_cheaper(tmp_path: Path)
 
 
 def test_idle_workers_behind_the_hand_over_gain_nothing_from_more(tmp_path: Path) -> None:
+    """This case moves 4 MiB a batch through the workers' pipe on 2 cores, and one run's
+    rate is a poor sample of its setting: runs with the same 2 workers measured 82, 83 and
+    98 steps/s here, and 70 in a CI run whose runs after the fix measured 91 and 98. So the
+    case runs twice before the fix, each run makes its own prediction, and their mean is
+    held against the runs after it."""
     before, _ = run_case(tmp_path, TRAIN, "handover", SECONDS, "2", "0")
-    v, pipe = before["verdict"], before["pipeline"]
-    assert v["class"] == "handover-bound", v
-    assert pipe["worker_idle_share"] > 0.7 and pipe["handover_s_per_batch"] > 0.002, pipe
-    assert not any(r["action"].startswith("raise num_workers") for r in v["recommendations"])
-    rec = v["recommendations"][0]
-    assert rec["action"].startswith("do not add DataLoader workers"), rec
-    p = rec["prediction"]
-    assert p["steps_per_s"] < rules.MIN_GAIN * measured(before), (p, measured(before))
+    (tmp_path / "before1").mkdir()
+    again, _ = run_case(tmp_path / "before1", TRAIN, "handover", SECONDS, "2", "0")
+    predicted = []
+    for report in (before, again):
+        v, pipe = report["verdict"], report["pipeline"]
+        assert v["class"] == "handover-bound", v
+        assert pipe["worker_idle_share"] > 0.7 and pipe["handover_s_per_batch"] > 0.002, pipe
+        assert not any(r["action"].startswith("raise num_workers")
+                       for r in v["recommendations"])
+        rec = v["recommendations"][0]
+        assert rec["action"].startswith("do not add DataLoader workers"), rec
+        p = rec["prediction"]
+        assert p["steps_per_s"] < rules.MIN_GAIN * measured(report), (p, measured(report))
+        predicted.append(p["steps_per_s"])
+    rec = before["verdict"]["recommendations"][0]
     n = rec["change"]["num_workers"]
-    held(rec, follow(tmp_path, rec, "handover", SECONDS, str(n), "0"))
+    held(rec, follow(tmp_path, rec, "handover", SECONDS, str(n), "0"),
+         statistics.fmean(predicted))
