@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONAL = ["lmdb", "h5py", "webdataset", "plotly", "prometheus_client", "tensorboard",
-            "mlflow", "pynvml"]
+            "mlflow", "wandb", "pynvml"]
 
 
 def test_the_all_extra_installs_every_optional_part_but_torch(tmp_path: Path) -> None:
@@ -51,7 +51,8 @@ def test_a_wheel_declares_the_extras(tmp_path: Path) -> None:
         msg = email.message_from_bytes(z.read(meta))
         names = z.namelist()
     extras = set(msg.get_all("Provides-Extra") or [])
-    assert {"all", "pack", "html", "prometheus", "tensorboard", "gpu"} <= extras, extras
+    assert {"all", "pack", "html", "prometheus", "tensorboard", "gpu", "mlflow",
+            "wandb"} <= extras, extras
     needs = msg.get_all("Requires-Dist") or []
     assert not any(r.startswith("torch") and "all" in r for r in needs), needs
     assert "iolens/py.typed" in names and "iolens/_bootstrap/sitecustomize.py" in names

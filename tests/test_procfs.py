@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from iolens.sources.procfs import (
     CpuTimes,
@@ -78,6 +81,53 @@ def test_descendants_of_a_real_process_tree() -> None:
         parent.kill()
         parent.wait()
 
+
+
+def test_a_pruned_process_and_its_subtree_are_left_out() -> None:
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(5)']); print(p.pid, flush=True); time.sleep(5)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        table = ProcessTable()
+        assert {p.pid for p in table.descendants(os.getpid())} >= {parent.pid, child}
+        pruned = {p.pid for p in table.descendants(os.getpid(), {parent.pid})}
+        assert os.getpid() in pruned and not pruned & {parent.pid, child}
+        assert child not in table.sample(os.getpid(), [parent.pid])
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_thread_children_are_those_other_threads_started() -> None:
+    """The recorder's own children (NOTE [the recorder's own children]): a process a helper
+    thread started is listed, one the main thread started is not."""
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
+        pytest.skip("this kernel has no /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN)")
+    assert threading.current_thread() is threading.main_thread()
+    mine = subprocess.Popen(["sleep", "30"])
+    started: list[subprocess.Popen[bytes]] = []
+    looked = threading.Event()
+
+    def start_one() -> None:
+        started.append(subprocess.Popen(["sleep", "30"]))
+        looked.wait(30)  # a thread that ends hands its children to the main thread
+
+    helper = threading.Thread(target=start_one)
+    try:
+        helper.start()
+        while not started and helper.is_alive():
+            time.sleep(0.01)
+        table = ProcessTable()
+        assert table.thread_children(os.getpid()) == [started[0].pid]
+        assert ProcessTable("/nonexistent").thread_children(os.getpid()) == []
+    finally:
+        looked.set()
+        helper.join()
+        for proc in [mine, *started]:
+            proc.kill()
+            proc.wait()
 
 REAPED = """
 import os, sys, time
@@ -161,9 +211,9 @@ def test_an_unreadable_io_file_never_makes_a_negative_rate(tmp_path: Path) -> No
     real = rec.procs.sample
     calls = [0]
 
-    def sample(pid: int) -> Any:
+    def sample(pid: int, prune: Any = ()) -> Any:
         calls[0] += 1
-        got = real(pid)
+        got = real(pid, prune)
         if calls[0] % 3 == 2:  # every third look, the io file cannot be read
             got = {p: dataclasses.replace(s, io=None) for p, s in got.items()}
         return got

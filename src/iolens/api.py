@@ -49,7 +49,8 @@ class Monitor:
 
     def __init__(self, out: str | os.PathLike[str] | None = None, interval: float = 1.0,
                  paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
-                 instrument: bool = True, quiet: bool = False, mlflow: bool = False) -> None:
+                 instrument: bool = True, quiet: bool = False, mlflow: bool = False,
+                 wandb: bool = False) -> None:
         if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
             raise ValueError(f"interval must be between {MIN_INTERVAL_S:g} and "
                              f"{MAX_INTERVAL_S:g} seconds, not {interval!r}")
@@ -59,6 +60,7 @@ class Monitor:
         self.instrument = instrument
         self.quiet = quiet
         self.mlflow = mlflow
+        self.wandb = wandb
         self._out = os.fspath(out) if out is not None else None
         self.run_dir: str | None = None
         """Where the run is recorded; set by :meth:`start`."""
@@ -105,6 +107,8 @@ class Monitor:
             cmd.append("--no-instrument")
         if self.mlflow:
             cmd.append("--mlflow")
+        if self.wandb:
+            cmd.append("--wandb")
         for a in [sys.executable, *argv]:
             cmd += ["--command", a]
         env = dict(os.environ)
@@ -231,7 +235,8 @@ def _forget_in_children(proc: subprocess.Popen[bytes]) -> None:
 
 def monitor(out: str | os.PathLike[str] | None = None, interval: float = 1.0,
             paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
-            instrument: bool = True, quiet: bool = False, mlflow: bool = False) -> Monitor:
+            instrument: bool = True, quiet: bool = False, mlflow: bool = False,
+            wandb: bool = False) -> Monitor:
     """Record this process as ``iolens run`` would: ``with iolens.monitor(): train()``.
 
     ``out`` is the run directory (default ``iolens-runs/<time>-<script>``),
@@ -240,10 +245,11 @@ def monitor(out: str | os.PathLike[str] | None = None, interval: float = 1.0,
     the job opens, ``devices`` device names to watch as well. With
     ``instrument`` (the default) every torch DataLoader is timed. With ``mlflow``
     the figures, the verdict and the report also go into MLflow, as with ``iolens run
-    --mlflow`` (the script's active MLflow run, or a new one).
+    --mlflow`` (the script's active MLflow run, or a new one); with ``wandb``, into a W&B
+    run of iolens' own, as with ``--wandb``.
     """
     return Monitor(out, interval, paths, devices, instrument=instrument, quiet=quiet,
-                   mlflow=mlflow)
+                   mlflow=mlflow, wandb=wandb)
 
 
 class InstrumentedLoader(Generic[T]):

@@ -52,6 +52,10 @@ and a warning, and the job runs on):
                             report as the artifact iolens/report.html: in the job's own
                             active MLflow run, or a new one in the store and experiment
                             MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME name; needs mlflow
+  --wandb                   the same into a new W&B run (the summary holds the verdict), in
+                            the project WANDB_PROJECT names, or the job's own run's project
+                            and group; offline (for `wandb sync`) with no W&B login here and
+                            no WANDB_MODE; needs wandb
 
 examples:
   iolens run -- python train.py --epochs 3
@@ -59,6 +63,7 @@ examples:
   iolens run --out runs/baseline --device nvme1n1 -- python train.py
   iolens run --prometheus 9478 --csv run.csv -- python train.py
   MLFLOW_TRACKING_URI=sqlite:///mlflow.db iolens run --mlflow -- python train.py
+  WANDB_MODE=offline WANDB_PROJECT=loader iolens run --wandb -- python train.py
 """
 
 
@@ -68,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="iolens run",
         usage="iolens run [--out DIR] [--interval S] [--path P ...] [--device D ...] "
               "[--prometheus [HOST:]PORT] [--job NAME] [--csv FILE] [--tensorboard DIR] "
-              "[--mlflow] -- CMD ...",
+              "[--mlflow] [--wandb] -- CMD ...",
         description="Run CMD and record, every interval, the disks, the job's processes and "
                     "how long its training loop waits for data.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -97,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mlflow", action="store_true",
                    help="also log the key figures, the verdict and the report into MLflow "
                         "(the job's active run, or a new one)")
+    p.add_argument("--wandb", action="store_true",
+                   help="also log the key figures, the verdict and the report into a new W&B "
+                        "run (offline when there is no W&B login here)")
     p.add_argument("--tensorboard", metavar="DIR",
                    help="also write the key figures as TensorBoard scalars into DIR")
     live = p.add_mutually_exclusive_group()
@@ -156,7 +164,8 @@ def run(ns: argparse.Namespace) -> int:
                       devices=ns.device, proc_root=ns.proc_root, sys_root=ns.sys_root,
                       instrument=ns.instrument, quiet=ns.quiet, live=ns.live,
                       prometheus=ns.prometheus, job=ns.job, csv=ns.csv,
-                      tensorboard=ns.tensorboard, mlflow=ns.mlflow, linger=ns.linger)
+                      tensorboard=ns.tensorboard, mlflow=ns.mlflow, wandb=ns.wandb,
+                      linger=ns.linger)
     try:
         return run_job(opts)
     except SinkError as exc:

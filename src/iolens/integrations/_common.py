@@ -53,9 +53,10 @@ class Session:
 
     def __init__(self, out: str | os.PathLike[str] | None, interval: float,
                  paths: Sequence[str | os.PathLike[str]], devices: Sequence[str], *,
-                 quiet: bool, hooks: str, mlflow: bool = False) -> None:
+                 quiet: bool, hooks: str, mlflow: bool = False, wandb: bool = False) -> None:
         Monitor(out, interval, paths, devices, quiet=quiet)  # a bad interval fails here, early
         self.mlflow = mlflow
+        self.wandb = wandb
         self._args = (out, interval, tuple(paths), tuple(devices))
         self.quiet = quiet
         self.hooks = hooks
@@ -90,7 +91,7 @@ class Session:
         out, interval, paths, devices = self._args
         try:
             self.monitor = Monitor(out, interval, paths, devices, quiet=self.quiet,
-                                   mlflow=self.mlflow).start()
+                                   mlflow=self.mlflow, wandb=self.wandb).start()
             self.run_dir = self.monitor.run_dir
         except Exception as exc:  # noqa: BLE001 - see NOTE [never hurt the job]
             self.monitor = None

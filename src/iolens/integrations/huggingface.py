@@ -60,10 +60,11 @@ class IolensCallback(TrainerCallback):
 
     def __init__(self, out: str | os.PathLike[str] | None = None, interval: float = 1.0,
                  paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
-                 quiet: bool = False, mlflow: bool = False) -> None:
+                 quiet: bool = False, mlflow: bool = False, wandb: bool = False) -> None:
         super().__init__()
         self._session = Session(out, interval, paths, devices, quiet=quiet,
-                                hooks="Trainer step", mlflow=mlflow)
+                                hooks="Trainer step", mlflow=mlflow,
+                                wandb=wandb)
         self.outcome: Outcome | None = None
         """What was logged when training last ended."""
 

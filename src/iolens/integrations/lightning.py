@@ -67,13 +67,14 @@ class IolensCallback(pl.Callback):
     def __init__(self, out: str | os.PathLike[str] | None = None, interval: float = 1.0,
                  paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
                  quiet: bool = False, log_every_n_steps: int | None = None,
-                 mlflow: bool = False) -> None:
+                 mlflow: bool = False, wandb: bool = False) -> None:
         super().__init__()
         if log_every_n_steps is not None and log_every_n_steps < 1:
             raise ValueError(f"log_every_n_steps must be 1 or more, not {log_every_n_steps!r}")
         self.log_every_n_steps = log_every_n_steps
         self._session = Session(out, interval, paths, devices, quiet=quiet,
-                                hooks="Lightning batch", mlflow=mlflow)
+                                hooks="Lightning batch", mlflow=mlflow,
+                                wandb=wandb)
         self._every = 50
         self._count = 0
         self.outcome: Outcome | None = None

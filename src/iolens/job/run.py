@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from types import FrameType
@@ -54,7 +54,7 @@ from iolens.sources.devmap import device_for_path
 
 if TYPE_CHECKING:
     from iolens.sinks.prometheus import Exporter
-    from iolens.sinks.tracker import MLflowSink
+    from iolens.sinks.tracker import TrackerSink
 
 UNFINISHED = ("the recording did not finish, or is still going on: iolens was stopped "
               "(killed?) before the job ended, or could not replace this meta.json at the end "
@@ -92,6 +92,8 @@ class RunOptions:
     """A TensorBoard log directory for the key figures as scalars; None for none."""
     mlflow: bool = False
     """Log the key figures, the verdict and the report into MLflow."""
+    wandb: bool = False
+    """... and into a W&B run."""
     linger: float = 10.0
     """Seconds to go on recording the job's processes that outlive it (NOTE [leftovers])."""
 
@@ -105,8 +107,9 @@ class Outputs:
     totals: LiveTotals | None = None
     """The cumulative state the Prometheus endpoint serves."""
     exporter: Exporter | None = None
-    tracker: MLflowSink | None = None
-    """The MLflow sink, which also takes the verdict and the report at the end."""
+    trackers: list[TrackerSink] = field(default_factory=list)
+    """The experiment trackers' sinks, which also take the verdict and the report at the
+    end."""
     storage: list[dict[str, Any]] = field(default_factory=list)
     """What serves the dataset as found so far, kept up to date by the recorder in place:
     the live verdicts (the endpoint's and the view's) read it."""
@@ -152,11 +155,11 @@ def open_outputs(opts: RunOptions, watch: dict[str, str],
 
             out.sinks.append((f"--tensorboard {opts.tensorboard}",
                               TensorBoardSink(opts.tensorboard)))
-        if opts.mlflow:
-            from iolens.sinks.tracker import MLflowSink  # noqa: PLC0415 - only when asked for
-
-            out.tracker = MLflowSink(os.path.abspath(opts.out))
-            out.sinks.append(("--mlflow", out.tracker))
+        for name in TRACKERS:
+            if getattr(opts, name):
+                tracker = open_tracker(name, os.path.abspath(opts.out))
+                out.trackers.append(tracker)
+                out.sinks.append((tracker.option, tracker))
     except BaseException:
         for _, sink in out.sinks:
             with contextlib.suppress(Exception):
@@ -241,8 +244,8 @@ def run(opts: RunOptions) -> int:
             _say(opts, f"cannot create {opts.out} ({exc.strerror or exc}); recording to "
                        f"{fallback}")
             run_dir = RunDir(fallback)
-        if outputs.tracker is not None:
-            outputs.tracker.run_dir = os.path.abspath(run_dir.path)
+        for tracker in outputs.trackers:
+            tracker.run_dir = os.path.abspath(run_dir.path)
         spare = _spare_timing_dir() if opts.instrument else None
         env = child_env(run_dir.path, opts.interval, opts.instrument, spare)
         try:
@@ -337,10 +340,9 @@ def run(opts: RunOptions) -> int:
     if view is not None and view.error is not None:
         _say(opts, view.error)
     code = exit_code(rc)
-    tracker = outputs.tracker if outputs.tracker is not None and not outputs.tracker.failed \
-        else None  # one that failed was dropped with a note
+    trackers = [t for t in outputs.trackers if not t.failed]  # one that failed was dropped
     _finish(opts, run_dir, recorder, code=code, rc=rc, stopped_by=stopped_by,
-            extra=outputs_meta, spare=spare, tracker=tracker)
+            extra=outputs_meta, spare=spare, trackers=trackers)
     return code
 
 
@@ -510,7 +512,7 @@ def _child_shares_terminal() -> bool:
 
 def _finish(opts: RunOptions, run_dir: RunDir, recorder: Recorder | None, *, code: int,
             rc: int, stopped_by: list[int], extra: dict[str, Any],
-            spare: str | None = None, tracker: MLflowSink | None = None) -> None:
+            spare: str | None = None, trackers: Sequence[TrackerSink] = ()) -> None:
     done = finish_run(run_dir, recorder, opts.command, {
         "instrumented": opts.instrument,
         **extra,
@@ -523,19 +525,31 @@ def _finish(opts: RunOptions, run_dir: RunDir, recorder: Recorder | None, *, cod
     _say(opts, f"run directory {done.path} ({done.records} intervals, exit code {code})")
     for line in end_lines(done.path, done.summary):
         _say(opts, line)
-    if tracker is not None:
+    for tracker in trackers:
         finish_tracker(tracker, done, code, partial(_say, opts))
 
 
-def finish_tracker(tracker: MLflowSink, done: Finished, code: int,
+TRACKERS = ("mlflow", "wandb")
+"""The experiment trackers, by the name of their option (``--mlflow``)."""
+
+
+def open_tracker(name: str, run_dir: str) -> TrackerSink:
+    """The sink of the tracker ``name`` (one of TRACKERS); SinkError when its package is
+    missing. No tracker's package is imported unless asked for."""
+    from iolens.sinks.tracker import MLflowSink, WandbSink  # noqa: PLC0415 - when asked for
+
+    return {"mlflow": MLflowSink, "wandb": WandbSink}[name](run_dir)
+
+
+def finish_tracker(tracker: TrackerSink, done: Finished, code: int,
                    say: Callable[[str], None]) -> None:
     """Hand the finished run's verdict and report to the tracker, and say where they went;
     a failure is said and noted in meta.json (NOTE [a sink never hurts the job])."""
     try:
         where = tracker.finish(done.path, done.summary, code)
-        say(f"MLflow: figures, verdict and report in {where}")
+        say(f"{tracker.label}: figures, verdict and report in {where}")
     except Exception as exc:  # noqa: BLE001 - NOTE [a sink never hurts the job]
-        message = f"--mlflow could not take the verdict and the report: {exc}"
+        message = f"{tracker.option} could not take the verdict and the report: {exc}"
         say(f"warning: {message}")
         add_note(done.path, message)
 

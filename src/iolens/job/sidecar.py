@@ -1,7 +1,7 @@
 """The sidecar that ``iolens.monitor()`` starts: records a process that is already running.
 
     python -m iolens.job.sidecar --pid PID --out DIR [--interval S] [--path P] [--device D]
-                                 [--mlflow]
+                                 [--mlflow] [--wandb]
 
 It samples like ``iolens run`` does, with PID as the root of the job's
 process tree, until it reads ``stop`` (or end of file) on its standard input,
@@ -25,7 +25,14 @@ import signal
 import sys
 import time
 
-from iolens.job.run import UNFINISHED, finish_run, finish_tracker, initial_watch
+from iolens.job.run import (
+    TRACKERS,
+    UNFINISHED,
+    finish_run,
+    finish_tracker,
+    initial_watch,
+    open_tracker,
+)
 from iolens.recorder.sampler import Recorder
 from iolens.rundir import RunDir
 from iolens.sinks.base import FanOut, SinkError
@@ -98,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-instrument", dest="instrument", action="store_false")
     ap.add_argument("--mlflow", action="store_true",
                     help="the figures, the verdict and the report into MLflow")
+    ap.add_argument("--wandb", action="store_true",
+                    help="the figures, the verdict and the report into a W&B run")
     ap.add_argument("--command", action="append", default=[],
                     help="the monitored program's command line, for meta.json")
     ns = ap.parse_args(_glued(sys.argv[1:] if argv is None else argv))
@@ -114,15 +123,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"iolens: monitor: {message}", file=sys.stderr)
 
     fan = FanOut(notes, lambda message: say(f"warning: {message}"))
-    tracker = None
-    if ns.mlflow:
-        from iolens.sinks.tracker import MLflowSink  # noqa: PLC0415 - only when asked for
-
-        try:
-            tracker = MLflowSink(run_dir.path)
-            fan.add("--mlflow", tracker)
-        except SinkError as exc:
-            fan.note(f"no MLflow: {exc}")
+    trackers = []
+    for name in TRACKERS:
+        if getattr(ns, name):
+            try:
+                trackers.append(open_tracker(name, run_dir.path))
+                fan.add(f"--{name}", trackers[-1])
+            except SinkError as exc:
+                fan.note(f"no --{name}: {exc}")
     control = _Control(ns.pid)
     recorder: Recorder | None = None
     try:
@@ -145,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         "mode": "monitor", "instrumented": ns.instrument, "ended": control.ended})
     for message in done.warnings:
         say(message)
-    if tracker is not None and not tracker.failed:
-        finish_tracker(tracker, done, 0, say)
+    for tracker in trackers:
+        if not tracker.failed:
+            finish_tracker(tracker, done, 0, say)
     return 0
 
 

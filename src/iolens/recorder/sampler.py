@@ -151,7 +151,9 @@ class Recorder:
         the job's once its root is gone (NOTE [leftovers])."""
         self.adopter = adopter
         self.totals = totals
-        self.exclude_pids = exclude_pids
+        self.exclude_pids = set(exclude_pids)
+        """Left out of the job's tree with everything below them: the sidecar, and the
+        recorder's own children (NOTE [the recorder's own children])."""
         self.run = run
         self.root_pid = root_pid
         self.interval = interval
@@ -241,19 +243,33 @@ class Recorder:
         stays in the records.
         """
         assert self.root_pid is not None
-        samples = self.procs.sample(self.root_pid)
+        skip = self._excluded()
+        samples = self.procs.sample(self.root_pid, skip)
         if samples:
             return samples
         roots = set(self._procs)
         if self.adopter is not None:
             # Orphans re-parented to the adopter (``iolens run`` is a subreaper), even
             # those that started and lost their parent between two samples.
-            roots.update(st.pid for st in self.procs.descendants(self.adopter))
+            roots.update(st.pid for st in self.procs.descendants(self.adopter, skip))
             roots.discard(self.adopter)
         for pid in roots:
-            if pid not in samples and pid not in self.exclude_pids:
-                samples.update(self.procs.sample(pid))
+            if pid not in samples and pid not in skip:
+                samples.update(self.procs.sample(pid, skip))
         return {p: s for p, s in samples.items() if s.stat.state not in _GONE_STATES}
+
+    def _excluded(self) -> set[int]:
+        """NOTE [the recorder's own children]: a tracker's client may start a process of
+        its own (W&B's service) from the recorder's thread that feeds it. It is a child
+        of the recorder, and so of the job where the recorder is the job's sidecar, and
+        of the subreaper whose children count as the job's leftovers: it would be taken
+        for the job's, its CPU counted and its life waited for. The job's own processes
+        are started by the recorder's main thread, and orphans are re-parented to the
+        subreaper's main thread, so a child that another thread of the recorder started
+        is the recorder's: it joins ``exclude_pids`` (with its subtree) for good."""
+        if self.proc_root == "/proc":
+            self.exclude_pids.update(self.procs.thread_children(os.getpid()))
+        return self.exclude_pids
 
     @property
     def leftovers(self) -> list[int]:

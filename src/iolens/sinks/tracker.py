@@ -1,6 +1,7 @@
-"""``iolens run --mlflow``: the run's key figures, verdict and report in an MLflow run.
+"""``iolens run --mlflow`` and ``--wandb``: the run's key figures, verdict and report in
+an experiment tracker's run.
 
-Where the figures go: the job's own MLflow run when the script has one active as a
+MLflow. Where the figures go: the job's own MLflow run when the script has one active as a
 DataLoader starts (the training-side bootstrap notes its id: NOTE [the job's tracker
 run] in iolens/training/_hooks.py), else a new run in the experiment MLflow's own
 settings name (``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME`` or
@@ -19,11 +20,21 @@ end for a job that never trains.
   ``iolens.prediction`` (its prediction, in words), ``iolens.run_dir``;
 - the artifact ``iolens/report.html`` (``iolens/report.txt`` where plotly is missing).
 
-mlflow is imported in a thread of the recorder, never in the job and never before the
+mlflow and wandb are imported in a thread of the recorder, never in the job and never before the
 job starts: its import and its store's first connection take seconds. A tracker that
 fails is dropped with a note, like the other sinks (NOTE [a sink never hurts the job]).
 A run this sink made is ended (FINISHED, or FAILED for a non-zero exit); the job's own
 run is left to the job.
+
+W&B (Weights & Biases). The same metrics (step = ``seq``), the verdict in the run's summary
+(the same keys as MLflow's tags) and the report as the file ``iolens/report.html`` of an
+artifact of type ``iolens-report``. The run is always iolens' own: one W&B run takes
+one writing process. W&B's own settings choose the project, entity and mode
+(``WANDB_PROJECT``, ``WANDB_ENTITY``, ``WANDB_MODE``); with no W&B login here and no
+``WANDB_MODE`` the run is recorded offline, for ``wandb sync``. When the job has a W&B
+run of its own, iolens' run goes into its project and entity and into its group (the
+job's run id where it has none), so the two sit side by side. W&B's own sampling of the
+machine is off: iolens measures that.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from iolens.sinks.base import SinkError
 from iolens.sinks.base import number as _num
 
 INSTALL_HINT = "pip install 'iolens[mlflow]'"
+WANDB_HINT = "pip install 'iolens[wandb]'"
 TAG_MAX = 5000
 """Characters of a tag value at most (MLflow stores up to 8000)."""
 JOIN_S = 60.0
@@ -87,8 +99,9 @@ def metrics(record: Mapping[str, Any]) -> dict[str, float]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def job_run(timing_dir: str) -> dict[str, Any] | None:
-    """The MLflow run the job noted as its own (the lowest pid's, for several processes)."""
+def job_run(timing_dir: str, tracker: str = "mlflow") -> dict[str, Any] | None:
+    """The ``tracker`` run the job noted as its own (the lowest pid's, for several
+    processes)."""
     found = []
     for path in glob.glob(os.path.join(glob.escape(timing_dir), "tracker-*.json")):
         try:
@@ -96,30 +109,33 @@ def job_run(timing_dir: str) -> dict[str, Any] | None:
                 info = json.load(fh)
         except (OSError, ValueError):
             continue
-        if isinstance(info, dict) and info.get("tracker") == "mlflow" and info.get("run_id"):
+        if isinstance(info, dict) and info.get("tracker") == tracker and info.get("run_id"):
             found.append(info)
     found.sort(key=lambda i: i.get("pid") or 0)
     return found[0] if found else None
 
 
-class MLflowSink:
-    """Sends :func:`metrics` of each record to MLflow from a thread; :meth:`finish` adds
-    the verdict and the report once the run directory is complete."""
+class TrackerSink:
+    """Sends :func:`metrics` of each record to a tracker from a thread; :meth:`finish`
+    adds the verdict and the report once the run directory is complete. The tracker's
+    run is chosen (:meth:`_decide`) at the first record with training batches, by when
+    the job has noted its own run, or at the end."""
+
+    option = ""
+    """The command-line option that asks for it, for notes."""
+    label = ""
+    """The tracker's name in messages."""
 
     def __init__(self, run_dir: str) -> None:
-        """SinkError when mlflow is not installed (checked without importing it)."""
-        if importlib.util.find_spec("mlflow") is None:
-            raise SinkError(f"--mlflow needs MLflow: {INSTALL_HINT}")
         self.run_dir = run_dir
         """The run directory (set again when the recorder had to record elsewhere)."""
         self.run_id: str | None = None
-        self.own = False
+        self.own = True
         """Whether this sink made the run (then it ends it)."""
-        self.tracking_uri: str | None = None
-        self._client: Any = None
         self._queue: queue.Queue[Any] = queue.Queue()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._loop, name="iolens-mlflow", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"iolens{self.option}",
+                                        daemon=True)
         self._started = False
 
     # -- the recorder's side ---------------------------------------------------------------
@@ -139,7 +155,7 @@ class MLflowSink:
 
     @property
     def failed(self) -> bool:
-        """Whether MLflow failed (the sink is then dropped, with a note)."""
+        """Whether the tracker failed (the sink is then dropped, with a note)."""
         return self._error is not None
 
     def close(self) -> None:
@@ -148,29 +164,22 @@ class MLflowSink:
             self._queue.put(_STOP)
             self._thread.join(JOIN_S)
             if self._thread.is_alive():
-                self._error = TimeoutError(f"MLflow took more than {JOIN_S:g} s to take the "
-                                           "figures")
+                self._error = TimeoutError(f"{self.label} took more than {JOIN_S:g} s to take "
+                                           "the figures")
         if self._error is not None:
             raise self._error
 
     def finish(self, path: str, summary: Mapping[str, Any], exit_code: int) -> str:
-        """Tag the run with the verdict, add the report, end a run of our own; returns
-        where the figures went, in words. Raises when MLflow fails."""
+        """Add the verdict and the report, end a run of our own; returns where the
+        figures went, in words. Raises when the tracker fails."""
         if self._error is not None:
             raise self._error
         if self.run_id is None:
             self._decide()
-        client, run_id = self._client, self.run_id
         tags = verdict_tags(summary)
         tags["iolens.run_dir"] = os.path.abspath(path)
-        for key, value in tags.items():
-            client.set_tag(run_id, key, value)
-        with tempfile.TemporaryDirectory(prefix="iolens-mlflow-") as tmp:
-            client.log_artifact(run_id, report_file(path, tmp), artifact_path="iolens")
-        if self.own:
-            client.set_terminated(run_id, "FINISHED" if exit_code == 0 else "FAILED")
-        whose = "a new MLflow run" if self.own else "the job's MLflow run"
-        return f"{whose} {run_id} at {self.tracking_uri}"
+        with tempfile.TemporaryDirectory(prefix="iolens-tracker-") as tmp:
+            return self._finish(tags, report_file(path, tmp), exit_code)
 
     # -- the thread -------------------------------------------------------------------------
 
@@ -195,6 +204,44 @@ class MLflowSink:
         except BaseException as exc:  # noqa: BLE001 - handed to the recorder's side
             self._error = exc
 
+    # -- what each tracker does -------------------------------------------------------------
+
+    def _decide(self) -> None:
+        """Choose the run and set ``run_id`` (and ``own``)."""
+        raise NotImplementedError
+
+    def _send(self, points: list[tuple[int, int, dict[str, float]]]) -> None:
+        """Log ``(seq, epoch ms, metrics)`` points into the run."""
+        raise NotImplementedError
+
+    def _finish(self, tags: dict[str, str], report: str, exit_code: int) -> str:
+        """Log the verdict's ``tags`` and the ``report`` file, end a run of our own."""
+        raise NotImplementedError
+
+
+class MLflowSink(TrackerSink):
+    """MLflow: the job's own active run, or a new one."""
+
+    option, label = "--mlflow", "MLflow"
+
+    def __init__(self, run_dir: str) -> None:
+        """SinkError when mlflow is not installed (checked without importing it)."""
+        if importlib.util.find_spec("mlflow") is None:
+            raise SinkError(f"--mlflow needs MLflow: {INSTALL_HINT}")
+        super().__init__(run_dir)
+        self.tracking_uri: str | None = None
+        self._client: Any = None
+
+    def _finish(self, tags: dict[str, str], report: str, exit_code: int) -> str:
+        client, run_id = self._client, self.run_id
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
+        client.log_artifact(run_id, report, artifact_path="iolens")
+        if self.own:
+            client.set_terminated(run_id, "FINISHED" if exit_code == 0 else "FAILED")
+        whose = "a new MLflow run" if self.own else "the job's MLflow run"
+        return f"{whose} {run_id} at {self.tracking_uri}"
+
     def _decide(self) -> None:
         """Log into the job's run if it noted one, else into a new run."""
         from mlflow.tracking import MlflowClient  # noqa: PLC0415 - optional and slow
@@ -218,6 +265,71 @@ class MLflowSink:
                  for key, value in values.items()]
         for i in range(0, len(batch), 1000):  # MLflow takes 1000 metrics per call
             self._client.log_batch(self.run_id, metrics=batch[i:i + 1000])
+
+
+class WandbSink(TrackerSink):
+    """W&B: a run of iolens' own, beside the job's (module docstring)."""
+
+    option, label = "--wandb", "W&B"
+
+    def __init__(self, run_dir: str) -> None:
+        """SinkError when wandb is not installed (checked without importing it)."""
+        if importlib.util.find_spec("wandb") is None:
+            raise SinkError(f"--wandb needs wandb: {WANDB_HINT}")
+        super().__init__(run_dir)
+        self.offline = False
+        """Whether the run is recorded offline (no login here and no WANDB_MODE)."""
+        self._run: Any = None
+
+    def _decide(self) -> None:
+        import wandb  # noqa: PLC0415 - optional and slow
+
+        theirs = job_run(os.path.join(self.run_dir, "timing"), "wandb") or {}
+        self.offline = not os.environ.get("WANDB_MODE") and not wandb_login()
+        settings = wandb.Settings(silent=True, console="off", x_disable_stats=True,
+                                  save_code=False, disable_git=True)
+        self._run = wandb.init(
+            project=theirs.get("project") or None, entity=theirs.get("entity") or None,
+            group=theirs.get("group") or theirs.get("run_id") or None,
+            name=os.path.basename(os.path.normpath(self.run_dir)), job_type="iolens",
+            config={"iolens.run_dir": self.run_dir,
+                    **({"iolens.job_run_id": theirs["run_id"]} if theirs else {})},
+            mode="offline" if self.offline else None, reinit="create_new", settings=settings)
+        self.run_id = str(self._run.id)
+
+    def _send(self, points: list[tuple[int, int, dict[str, float]]]) -> None:
+        for seq, _, values in points:
+            self._run.log(values, step=seq)
+
+    def _finish(self, tags: dict[str, str], report: str, exit_code: int) -> str:
+        import wandb  # noqa: PLC0415
+
+        run = self._run
+        run.summary.update(tags)
+        art = wandb.Artifact(f"iolens-report-{run.id}", type="iolens-report")
+        art.add_file(report, name=f"iolens/{os.path.basename(report)}")
+        run.log_artifact(art)
+        folder = os.path.dirname(str(run.dir))  # run.dir is the run folder's files/
+        run.finish(exit_code=exit_code)
+        if self.offline:
+            return (f"a new offline W&B run {run.id} in {folder} (no W&B login here: "
+                    "`wandb sync` that folder to upload it)")
+        return f"a new W&B run {run.id} in project {run.project}"
+
+
+def wandb_login() -> bool:
+    """Whether W&B has an API key here (the environment, or the netrc entry that ``wandb
+    login`` writes), without asking for one."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = (os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").split("//")[-1]
+    try:
+        import netrc  # noqa: PLC0415
+
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(
+            host.split("/")[0].split(":")[0]) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 def _experiment(client: Any) -> str:

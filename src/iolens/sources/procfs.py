@@ -8,6 +8,7 @@ root. A process may exit between any two reads: readers then return
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from iolens._errors import StatsUnavailableError
@@ -265,8 +266,9 @@ class ProcessTable:
         except StatsUnavailableError:
             return None
 
-    def descendants(self, root: int) -> list[ProcStat]:
-        """``root`` and every process below it, each with a fresh stat (root first)."""
+    def descendants(self, root: int, prune: Collection[int] = ()) -> list[ProcStat]:
+        """``root`` and every process below it, each with a fresh stat (root first),
+        less the processes in ``prune`` and everything below them."""
         try:
             entries = list(os.scandir(self.proc_root))
         except OSError:
@@ -300,6 +302,8 @@ class ProcessTable:
         todo = [root]
         while todo:
             pid = todo.pop()
+            if pid in prune:
+                continue
             st = fresh.get(pid) or self.read_stat(pid)
             if st is None:
                 continue
@@ -309,6 +313,24 @@ class ProcessTable:
             todo.extend(children.get(pid, ()))
         return out
 
-    def sample(self, root: int) -> dict[int, ProcSample]:
-        """Stat and io of the whole tree under ``root``, by pid."""
-        return {st.pid: ProcSample(st, self.read_io(st.pid)) for st in self.descendants(root)}
+    def sample(self, root: int, prune: Collection[int] = ()) -> dict[int, ProcSample]:
+        """Stat and io of the whole tree under ``root`` (less ``prune``'s subtrees), by pid."""
+        return {st.pid: ProcSample(st, self.read_io(st.pid))
+                for st in self.descendants(root, prune)}
+
+    def thread_children(self, pid: int) -> list[int]:
+        """The children that threads of ``pid`` other than its main thread started (the
+        kernel's ``task/<tid>/children``; empty where it has none). NOTE [the recorder's
+        own children] in iolens/recorder/sampler.py."""
+        task = os.path.join(self.proc_root, str(pid), "task")
+        try:
+            tids = [t for t in os.listdir(task) if t.isdigit() and int(t) != pid]
+        except OSError:
+            return []
+        out: list[int] = []
+        for tid in tids:
+            try:
+                out += [int(c) for c in read_text(os.path.join(task, tid, "children")).split()]
+            except (StatsUnavailableError, ValueError):
+                continue
+        return out

@@ -49,7 +49,7 @@ class TimingWriter:
     """
 
     __slots__ = ("_fd", "_ids", "_pfd", "buf", "directory", "dropped", "error", "flush_ns",
-                 "last_flush", "moved", "paths", "pid", "spare", "spare_bytes", "tracker",
+                 "last_flush", "moved", "paths", "pid", "spare", "spare_bytes", "trackers",
                  "written")
 
     def __init__(self, directory: str, flush_ns: int = 500_000_000,
@@ -73,8 +73,9 @@ class TimingWriter:
         self.dropped = 0
         self.written = 0
         self.error: str | None = None
-        self.tracker: str | None = None
-        """The job's own MLflow run id, once noted (NOTE [the job's tracker run])."""
+        self.trackers: dict[str, str] = {}
+        """The job's own trackers' run ids, by tracker, once noted (NOTE [the job's
+        tracker run])."""
 
     def flush(self, now: int | None = None) -> None:
         """Append what is buffered; on failure, count the loss and remember why."""
@@ -176,27 +177,42 @@ class TimingWriter:
     def note_tracker(self) -> None:
         """NOTE [the job's tracker run]: when the job has an MLflow run active as a
         DataLoader starts an epoch (the script called ``mlflow.start_run()``), write its
-        id, experiment and tracking URI to ``tracker-<pid>.json`` beside the timing
+        id, experiment and tracking URI to ``tracker-mlflow-<pid>.json`` beside the timing
         files, so that ``iolens run --mlflow`` logs into that run instead of a new one.
-        mlflow is never imported here: only a job that imported it is asked."""
+        The same for a W&B run (``wandb.init()``): its id, project, entity and group, for
+        ``--wandb`` to put iolens' run beside it. Neither package is imported here: only
+        a job that imported it is asked."""
         m = sys.modules.get("mlflow")
-        if m is None:
-            return
-        run = m.active_run()
-        if run is not None:
+        run = m.active_run() if m is not None else None
+        if m is not None and run is not None:
             self.note_mlflow_run(run.info.run_id, run.info.experiment_id,
                                  str(m.get_tracking_uri()))
+        w = sys.modules.get("wandb")
+        theirs = getattr(w, "run", None) if w is not None else None
+        if theirs is not None:
+            self.note_wandb_run(str(theirs.id), str(theirs.project or ""),
+                                str(theirs.entity or ""), str(theirs.group or ""))
 
     def note_mlflow_run(self, run_id: str, experiment_id: str, tracking_uri: str) -> None:
         """Name the MLflow run the job logs into (the fluent API's active run, or a
         framework logger's, such as Lightning's MLFlowLogger)."""
-        if self.moved is not None or run_id == self.tracker:
+        self._note_run({"tracker": "mlflow", "run_id": run_id, "experiment_id": experiment_id,
+                        "tracking_uri": tracking_uri})
+
+    def note_wandb_run(self, run_id: str, project: str, entity: str, group: str) -> None:
+        """Name the job's own W&B run (``wandb.run``), whose project, entity and group
+        ``--wandb`` puts iolens' run beside."""
+        self._note_run({"tracker": "wandb", "run_id": run_id, "project": project,
+                        "entity": entity, "group": group})
+
+    def _note_run(self, info: dict[str, str]) -> None:
+        """Write ``tracker-<tracker>-<pid>.json``, once a run (NOTE [the job's tracker run])."""
+        name = info["tracker"]
+        if self.moved is not None or self.trackers.get(name) == info["run_id"]:
             return
-        info = {"tracker": "mlflow", "run_id": run_id, "experiment_id": experiment_id,
-                "tracking_uri": tracking_uri, "pid": self.pid}
-        write_atomic(os.path.join(self._folder(), f"tracker-{self.pid}.json"),
-                     json.dumps(info).encode())
-        self.tracker = run_id
+        write_atomic(os.path.join(self._folder(), f"tracker-{name}-{self.pid}.json"),
+                     json.dumps({**info, "pid": self.pid}).encode())
+        self.trackers[name] = info["run_id"]
 
     def _folder(self) -> str:
         """The timing directory, made if missing; OSError when a symlink stands in its place.
