@@ -116,6 +116,9 @@ class Monitor:
         env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"]
                                           if env.get("PYTHONPATH") else "")
         env.pop("IOLENS_RUN_DIR", None)
+        # The job's own W&B service (its wandb.init() set this): the sidecar's client
+        # starts one of its own, which ends with the sidecar, not with the job's run.
+        env.pop("WANDB_SERVICE", None)
         try:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           env=env, close_fds=True)
