@@ -123,38 +123,6 @@ def test_the_scripts_own_run_gets_the_figures(tmp_path: Path, empty_store: Path)
     assert f"the job's MLflow run {theirs}" in out.stderr, out.stderr
 
 
-def test_without_mlflow_installed_the_job_is_not_started(tmp_path: Path) -> None:
-    code = ("import importlib.util, sys\n"
-            "real = importlib.util.find_spec\n"
-            "importlib.util.find_spec = lambda n, *a: None if n == 'mlflow' else real(n, *a)\n"
-            "from iolens.cli import main\n"
-            "sys.exit(main(['run', '--mlflow', '--', 'true']))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=60, check=False)
-    assert out.returncode == 2, out.stderr
-    assert "--mlflow needs MLflow: pip install 'iolens[mlflow]'" in out.stderr
-    assert "the job was not started" in out.stderr
-
-
-def test_a_tracker_that_fails_is_dropped_with_a_note_and_the_job_runs_on(
-        tmp_path: Path) -> None:
-    import json
-
-    (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
-    env = {**os.environ, "MLFLOW_TRACKING_URI": "nosuchscheme://nowhere"}
-    out = subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.5", "--out",
-                          str(tmp_path / "run"), "--no-live", "--mlflow", "--",
-                          sys.executable, str(tmp_path / "train.py"), "plain"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-                         check=False)
-    assert out.returncode == 0, out.stderr
-    notes = json.loads((tmp_path / "run" / "meta.json").read_text())["notes"]
-    assert any(n.startswith("--mlflow stopped: ") and "the run goes on without it" in n
-               for n in notes), notes
-    assert "warning: --mlflow stopped" in out.stderr
-    assert "iolens: verdict: " in out.stderr  # the rest of the run is whole
-
-
 def test_monitor_with_mlflow_logs_into_the_scripts_run(tmp_path: Path,
                                                         empty_store: Path) -> None:
     from mlflow.tracking import MlflowClient

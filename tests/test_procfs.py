@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,41 +65,38 @@ def test_meminfo_in_bytes() -> None:
     assert m == {"MemTotal": 102400, "Cached": 2048, "Dirty": 1024}
 
 
-def test_descendants_of_a_real_process_tree() -> None:
+@contextlib.contextmanager
+def parent_and_child() -> Iterator[tuple[int, int]]:
+    """A real process with a child of its own, for 5 s: their pids."""
     code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
             "'import time; time.sleep(5)']); print(p.pid, flush=True); time.sleep(5)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout is not None
-        child = int(parent.stdout.readline())
-        table = ProcessTable()
-        tree = table.descendants(parent.pid)
-        assert [p.pid for p in tree][:1] == [parent.pid]
-        assert child in {p.pid for p in tree}
-        sample = table.sample(parent.pid)
-        assert sample[child].io is not None and sample[child].stat.ppid == parent.pid
-        assert table.descendants(os.getpid() + 10_000_000) == []
+        yield parent.pid, int(parent.stdout.readline())
     finally:
         parent.kill()
         parent.wait()
 
+
+def test_descendants_of_a_real_process_tree() -> None:
+    with parent_and_child() as (parent, child):
+        table = ProcessTable()
+        tree = table.descendants(parent)
+        assert [p.pid for p in tree][:1] == [parent]
+        assert child in {p.pid for p in tree}
+        sample = table.sample(parent)
+        assert sample[child].io is not None and sample[child].stat.ppid == parent
+        assert table.descendants(os.getpid() + 10_000_000) == []
 
 
 def test_a_pruned_process_and_its_subtree_are_left_out() -> None:
-    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
-            "'import time; time.sleep(5)']); print(p.pid, flush=True); time.sleep(5)")
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert parent.stdout is not None
-        child = int(parent.stdout.readline())
+    with parent_and_child() as (parent, child):
         table = ProcessTable()
-        assert {p.pid for p in table.descendants(os.getpid())} >= {parent.pid, child}
-        pruned = {p.pid for p in table.descendants(os.getpid(), {parent.pid})}
-        assert os.getpid() in pruned and not pruned & {parent.pid, child}
-        assert child not in table.sample(os.getpid(), [parent.pid])
-    finally:
-        parent.kill()
-        parent.wait()
+        assert {p.pid for p in table.descendants(os.getpid())} >= {parent, child}
+        pruned = {p.pid for p in table.descendants(os.getpid(), {parent})}
+        assert os.getpid() in pruned and not pruned & {parent, child}
+        assert child not in table.sample(os.getpid(), [parent])
 
 
 def test_thread_children_are_those_other_threads_started() -> None:

@@ -197,36 +197,6 @@ def test_monitor_with_wandb(tmp_path: Path) -> None:
     job_only(tmp_path / "run")
 
 
-def test_without_wandb_installed_the_job_is_not_started(tmp_path: Path) -> None:
-    code = ("import importlib.util, sys\n"
-            "real = importlib.util.find_spec\n"
-            "importlib.util.find_spec = lambda n, *a: None if n == 'wandb' else real(n, *a)\n"
-            "from iolens.cli import main\n"
-            "sys.exit(main(['run', '--wandb', '--', 'true']))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=60, check=False)
-    assert out.returncode == 2, out.stderr
-    assert "--wandb needs wandb: pip install 'iolens[wandb]'" in out.stderr
-    assert "the job was not started" in out.stderr
-
-
-def test_a_wandb_that_fails_is_dropped_with_a_note_and_the_job_runs_on(
-        tmp_path: Path) -> None:
-    (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
-    env = {**env_for(tmp_path), "WANDB_MODE": "no-such-mode"}
-    out = subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.5", "--out",
-                          str(tmp_path / "run"), "--no-live", "--wandb", "--",
-                          sys.executable, str(tmp_path / "train.py"), "plain"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-                         check=False)
-    assert out.returncode == 0, out.stderr
-    notes = json.loads((tmp_path / "run" / "meta.json").read_text())["notes"]
-    assert any(n.startswith("--wandb stopped: ") and "the run goes on without it" in n
-               for n in notes), notes
-    assert "warning: --wandb stopped" in out.stderr
-    assert "iolens: verdict: " in out.stderr  # the rest of the run is whole
-
-
 def test_a_login_is_an_api_key_or_a_netrc_entry(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     for k in ("WANDB_API_KEY", "WANDB_BASE_URL"):

@@ -53,8 +53,6 @@ from typing import Any
 from iolens.sinks.base import SinkError
 from iolens.sinks.base import number as _num
 
-INSTALL_HINT = "pip install 'iolens[mlflow]'"
-WANDB_HINT = "pip install 'iolens[wandb]'"
 TAG_MAX = 5000
 """Characters of a tag value at most (MLflow stores up to 8000)."""
 JOIN_S = 60.0
@@ -125,8 +123,14 @@ class TrackerSink:
     """The command-line option that asks for it, for notes."""
     label = ""
     """The tracker's name in messages."""
+    package = ""
+    """The package it needs, and the extra that installs it."""
 
     def __init__(self, run_dir: str) -> None:
+        """SinkError when the package is not installed (checked without importing it)."""
+        if importlib.util.find_spec(self.package) is None:
+            raise SinkError(f"{self.option} needs {self.label}: pip install "
+                            f"'iolens[{self.package}]'")
         self.run_dir = run_dir
         """The run directory (set again when the recorder had to record elsewhere)."""
         self.run_id: str | None = None
@@ -222,12 +226,9 @@ class TrackerSink:
 class MLflowSink(TrackerSink):
     """MLflow: the job's own active run, or a new one."""
 
-    option, label = "--mlflow", "MLflow"
+    option, label, package = "--mlflow", "MLflow", "mlflow"
 
     def __init__(self, run_dir: str) -> None:
-        """SinkError when mlflow is not installed (checked without importing it)."""
-        if importlib.util.find_spec("mlflow") is None:
-            raise SinkError(f"--mlflow needs MLflow: {INSTALL_HINT}")
         super().__init__(run_dir)
         self.tracking_uri: str | None = None
         self._client: Any = None
@@ -270,12 +271,9 @@ class MLflowSink(TrackerSink):
 class WandbSink(TrackerSink):
     """W&B: a run of iolens' own, beside the job's (module docstring)."""
 
-    option, label = "--wandb", "W&B"
+    option, label, package = "--wandb", "W&B", "wandb"
 
     def __init__(self, run_dir: str) -> None:
-        """SinkError when wandb is not installed (checked without importing it)."""
-        if importlib.util.find_spec("wandb") is None:
-            raise SinkError(f"--wandb needs wandb: {WANDB_HINT}")
         super().__init__(run_dir)
         self.offline = False
         """Whether the run is recorded offline (no login here and no WANDB_MODE)."""
