@@ -105,6 +105,7 @@ def test_storage_bound_names_the_device_with_its_evidence() -> None:
     assert first.gain.startswith("up to 10.00x more steps per second")
     assert "iolens probe --storage" in probe.action
     assert "pack the dataset" in pack.action and "64 KiB" in pack.because
+    assert pack.because.startswith("loop0 is saturated with small reads"), pack.because
     assert pack.prediction is None and "the probe tells" in (pack.unavailable or "")
     assert v.lines() == [
         "verdict: storage-bound (data wait 90.0% of step time, high)",
@@ -149,6 +150,10 @@ def test_slow_await_with_a_queue_counts_as_slow_even_below_full_util() -> None:
     d = {"nvme0n1": dev(util=60, r_s=3000, rkb=3000 * 16, r_await=12, aqu=36)}
     v = diagnose(run_of(wait=0.05, devices=d, job_read=3000 * 16 * 1024), META)
     assert v.cls == "storage-bound" and v.devices == ["nvme0n1"]
+    # at 60% util the device is slow, not saturated, and the advice says so
+    texts = [r.action + r.because for r in v.recommendations]
+    assert not any("saturated" in t for t in texts), texts
+    assert any("while nvme0n1 is slow (12.0 ms a read, 36.0 queued)" in t for t in texts), texts
 
 
 def test_io_wait_above_the_device_is_storage_bound() -> None:

@@ -788,8 +788,12 @@ def _samples_per_s(v: Verdict) -> float:
 
 def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: int,
                       iterable: bool = False) -> None:
-    """A device the job's reads saturate: what it serves now is its ceiling in this reading
-    pattern. A cache lifts it; a pack only where the device limits requests, not bytes."""
+    """A device the job's reads saturate, or keep slow with a queue: what it serves now is
+    its ceiling in this reading pattern. A cache lifts it; a pack only where the device
+    limits requests, not bytes."""
+    word = "saturated" if load.util >= rules.UTIL_SATURATED else "slow"
+    state = word if word == "saturated" else (
+        f"slow ({load.r_await:.1f} ms a read, {load.aqu_sz:.1f} queued)")
     sps = _samples_per_s(v)
     if sps > 0:
         _store_limited(v, sps * 100 / max(load.util, rules.UTIL_SATURATED))
@@ -802,7 +806,7 @@ def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: in
         {"storage": "ram"}, pm.cached(),
         basis=["if the dataset fits in RAM: no reads reach a device"])
     pack_action = _pack_action(iterable)
-    because_small = (f"{load.name} is saturated by small reads ({load.rareq_kib:.0f} KiB "
+    because_small = (f"{load.name} is {state} with small reads ({load.rareq_kib:.0f} KiB "
                      f"on average, {load.r_s:.0f}/s)")
     limit = probe.get("limit") if probe else None
     if small and limit == "iops":
@@ -831,10 +835,10 @@ def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: in
         v.offer(cache)
     more = max(2 * workers, workers + 2)
     v.recommendations.append(v.fix(
-        f"do not add DataLoader workers (or prefetch) while {load.name} is saturated",
+        f"do not add DataLoader workers (or prefetch) while {load.name} is {state}",
         f"{load.name} is {load.util:.0f}% busy", "little until the device is relieved",
         {"num_workers": more}, pm.more_workers(more),
-        basis=[f"{more} workers: more requests in flight on a saturated device"]))
+        basis=[f"{more} workers: more requests in flight on a {word} device"]))
 
 
 def _pack_action(iterable: bool) -> str:
