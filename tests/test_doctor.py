@@ -23,6 +23,8 @@ def test_doctor_lists_each_capability() -> None:
     assert any(line.startswith("ok       process I/O") for line in lines)
     names = {c["name"]: c for c in json.loads(doctor("--format", "json").stdout)}
     assert names["PyTorch"]["ok"] is True and names["HTML report"]["ok"] is True
+    # the dev install brings every optional part
+    assert all(names[n]["ok"] for n in ("MLflow", "W&B", "packing", "Prometheus")), names
     assert names["GPUs (NVML)"]["detail"]  # says which GPUs, or why there are none
 
 

@@ -232,6 +232,9 @@ def checks(proc_root: str = "/proc", sys_root: str = "/sys") -> list[Check]:
         _package("HTML report", "plotly", "html", "iolens report --format html"),
         _package("Prometheus", "prometheus_client", "prometheus", "--prometheus, exporter"),
         _package("TensorBoard", "tensorboard", "tensorboard", "--tensorboard"),
+        _package("MLflow", "mlflow", "mlflow", "--mlflow"),
+        _package("W&B", "wandb", "wandb", "--wandb"),
+        _package("packing", "lmdb", "pack", "iolens pack, iolens.data's datasets"),
         _iostat,
     ]
     out = []
