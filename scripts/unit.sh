@@ -13,7 +13,8 @@ if [ "${SOAK:-1}" != 0 ]; then
   "$BIN/pytest" -q -p no:cacheprovider -m soak >"$log" 2>&1 &
   soak_pid=$!
 fi
-"$BIN/pytest" -q -m "not soak" "$@"
+# --durations: the slowest tests in every log, to keep the suite inside its half hour.
+"$BIN/pytest" -q -m "not soak" --durations=15 "$@"
 rc=$?
 if [ -n "$soak_pid" ]; then
   echo "unit: waiting for the soak test (IOLENS_SOAK_SECONDS=${IOLENS_SOAK_SECONDS:-600})"
