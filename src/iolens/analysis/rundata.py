@@ -65,6 +65,8 @@ def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS) -> RunDat
     except (OSError, ValueError, RecursionError) as exc:
         notes.append(f"{META} could not be read ({_short(exc)}); ignored")
     _add_probe(path, meta, notes)
+    if meta:
+        meta["run_dir"] = os.path.abspath(path)  # (where it is now, if it was moved)
     rec_path = os.path.join(path, RECORDS)
     if not os.path.exists(rec_path) and not meta:
         if os.path.exists(meta_path):  # there, but unusable: say so, not "no meta.json"

@@ -627,6 +627,7 @@ def finish_run(run_dir: RunDir, recorder: Recorder | None, command: list[str],
     meta = recorder.base_meta(command, {
         "devices": recorder.watch,
         "storage": recorder.storage.meta(),
+        "run_dir": os.path.abspath(run_dir.path),
         "end": rfc3339(time.time()),
         "duration_s": round(time.time() - recorder.start_wall, 3),
         **extra,
@@ -773,7 +774,7 @@ def _timing_status(directory: str | None) -> list[dict[str, Any]]:
     except OSError:
         return out
     for name in names:
-        if name.endswith(".json") and not name.startswith("."):
+        if name.endswith(".json") and not name.startswith((".", "loader-")):
             try:
                 with open(os.path.join(directory, name)) as fh:
                     out.append(json.load(fh))

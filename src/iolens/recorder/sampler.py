@@ -8,10 +8,12 @@ training for the GIL.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import platform
 import socket
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +37,7 @@ from iolens.sources.procfs import (
     SystemReader,
     cpu_percentages,
 )
-from iolens.sources.procmaps import read_mapped_files
+from iolens.sources.procmaps import data_file, read_mapped_files
 
 # Zombie and dead processes have exited; only their parent has yet to reap them.
 _GONE_STATES = frozenset("ZXx")
@@ -48,6 +50,11 @@ _DISCOVER_EVERY = 5
 _DISCOVER_MIN_S = 1.0
 _MAPS_EVERY = 10
 """A process's memory maps are read again every this many discovery passes."""
+_EARLY_S = 10.0
+"""The start of a run, and of each process, when discovery runs at every sample (NOTE
+[finding the dataset])."""
+_HELD_MAX = 65536
+"""(process, file) pairs remembered at most: past it, files are no longer counted."""
 _DEVICE_FIELDS = ("r_s", "rkB_s", "rrqm_s", "r_await", "rareq_sz", "w_s", "wkB_s", "wrqm_s",
                   "w_await", "wareq_sz", "d_s", "f_s", "aqu_sz", "util")
 
@@ -173,6 +180,19 @@ class Recorder:
         """``self.storage.meta()`` as of the last mount found, updated in place (the live
         verdicts hold this list)."""
         self._maps_seen: dict[int, int] = {}
+        self._born: dict[int, float] = {}
+        """When each process was first seen (its maps are read often while it is young)."""
+        self._server_pids: dict[int, str] = {}
+        """Local servers of the dataset's peers -> the peer's name."""
+        self._server_devs: set[int] = set()
+        self._sizes: list[tuple[str, int]] = []
+        """(folder, size) of data files seen, for the storage once its folders are mapped."""
+        self._sized: set[str] = set()
+        """Mapped files whose size is known."""
+        self._held: set[tuple[int, str]] = set()
+        """(pid, file) of the data files seen open, counted once each."""
+        self._held_in: dict[tuple[int, str], int] = {}
+        """(pid, folder) -> data files seen open there: the opens a scan reports."""
         self._written: set[str] = set()
         self._maps_pass = 0
         self.train = totals.aggregator() if totals is not None else TrainingAggregator()
@@ -347,58 +367,164 @@ class Recorder:
         rec = job.record(seconds)
         rec["states"] = states
         rec["roles"] = {k: v.record(seconds) for k, v in totals.items() if v.pids}
-        every = max(_DISCOVER_EVERY, math.ceil(_DISCOVER_MIN_S / self.interval))
-        if self.discover and self.seq % every == 0:
-            self._discover_devices([p for p in samples if p not in self.exclude_pids])
+        if not self.discover:
+            return rec
+        net = self.storage.net
+        if self._discovery_due():
+            mine = [p for p in samples if p not in self.exclude_pids]
+            self._scan_fds(mine)
+            self._discover_mapped(mine)
+            for peer in net.scan(self._fetch_side(samples, workers) or mine):
+                self.storage_now[:] = self.storage.meta()
+                if peer.server_pid is not None:
+                    self._server_pids[peer.server_pid] = peer.name
+            if self._server_pids:
+                self._scan_servers()
             fetch = self.train.fetchers
-            self._discover_mapped([p for p in samples if p in fetch or p in workers])
             if len(fetch) > 4096:  # workers of past epochs
                 fetch.intersection_update(samples)
+        elif net.peers:  # every sample: the bytes of short connections
+            net.scan(self._fetch_side(samples, workers) or list(samples))
         return rec
 
-    def _discover_mapped(self, pids: list[int]) -> None:
-        """Folders of the data files the job maps into memory (numpy.memmap): opened once
-        and closed, they show in no fd list. Each process's maps are read when it is
-        first seen and then every _MAPS_EVERY passes (they are long: every library)."""
-        self._maps_pass += 1
-        exclude = tuple(d for d in (self.timing.directory, self.timing.spare) if d)
-        for pid in pids:
-            seen = self._maps_seen.get(pid)
-            if seen is not None and (self._maps_pass - seen) % _MAPS_EVERY:
+    def _fetch_side(self, samples: dict[int, Any], workers: set[int]) -> list[int]:
+        """The processes that fetch batches (DataLoader workers, or the training process
+        with num_workers=0) and their children (a ``pipe:curl`` of WebDataset)."""
+        side = {p for p in samples if p in workers or p in self.train.fetchers}
+        if not side:
+            return []
+        grew = True
+        while grew:
+            grew = False
+            for pid, smp in samples.items():
+                if pid not in side and smp.stat.ppid in side and pid not in self.exclude_pids:
+                    side.add(pid)
+                    grew = True
+        return sorted(side)
+
+    def _scan_servers(self) -> None:
+        """Watch the devices of the files the local servers of the dataset's peers hold
+        open (NOTE [network storage] in iolens/recorder/network.py)."""
+        for pid, name in list(self._server_pids.items()):
+            fd_dir = os.path.join(self.proc_root, str(pid), "fd")
+            if not os.path.isdir(fd_dir):
+                del self._server_pids[pid]
                 continue
-            if seen is None:
-                self._maps_seen[pid] = self._maps_pass
+            for fd in _listdir(fd_dir):
+                link = os.path.join(fd_dir, fd)
+                try:
+                    target = os.readlink(link)
+                    st_dev = os.stat(link).st_dev
+                except OSError:
+                    continue
+                if not data_file(target) or st_dev in self._server_devs:
+                    continue
+                self._server_devs.add(st_dev)
+                try:
+                    mapping = device_for_path(target, self.proc_root, self.sys_root)
+                except (OSError, ValueError):
+                    continue
+                for disk in mapping.disks:
+                    self.watch[disk] = (f"serves the dataset through {name}: its server "
+                                        f"reads {target}")
+
+    def _discovery_due(self) -> bool:
+        """NOTE [finding the dataset]: the job's open files and memory maps are scanned at
+        every sample in the run's first _EARLY_S seconds (a short run, or a dataset the
+        main process maps at start, is found while it is there), then every
+        _DISCOVER_EVERY samples and no more than once a second."""
+        if time.monotonic() - self.start_mono < _EARLY_S:
+            self._maps_pass += 1
+            return True
+        every = max(_DISCOVER_EVERY, math.ceil(_DISCOVER_MIN_S / self.interval))
+        if self.seq % every:
+            return False
+        self._maps_pass += 1
+        return True
+
+    def _discover_mapped(self, pids: list[int]) -> None:
+        """Folders of the data files the job's processes map into memory (numpy.memmap,
+        LMDB, Arrow): opened once and closed, they show in no fd list. Each process's maps
+        are read when it is first seen, then at every pass while it is young (its first
+        _EARLY_S seconds, when libraries map their data), then every _MAPS_EVERY passes
+        (the maps are long: every library)."""
+        exclude = self._not_data()
+        now = time.monotonic()
+        for pid in pids:
+            first = self._maps_seen.get(pid)
+            if first is None:
+                self._maps_seen[pid] = first = self._maps_pass
+                self._born[pid] = now
+            elif (now - self._born.get(pid, now) >= _EARLY_S
+                  and (self._maps_pass - first) % _MAPS_EVERY):
+                continue
             for path in read_mapped_files(pid, self.proc_root, exclude):
-                self.timing.paths.append((pid, os.path.dirname(path) or "/", 0))
+                folder = os.path.dirname(path) or "/"
+                self.timing.paths.append((pid, folder, 0))
+                if path not in self._sized and len(self._sized) < _HELD_MAX:
+                    self._sized.add(path)
+                    with contextlib.suppress(OSError):
+                        self._sizes.append((folder, os.stat(path).st_size))
         if len(self._maps_seen) > 4096:  # pids that are gone
             live = set(pids)
             self._maps_seen = {p: n for p, n in self._maps_seen.items() if p in live}
+            self._born = {p: t for p, t in self._born.items() if p in live}
         if self.timing.paths:
             self._map_folders()
 
-    def _discover_devices(self, pids: list[int]) -> None:
-        # NOTE [fd reuse]: the link is read before and after the stat, and the fd
-        # is skipped this time round unless both reads agree. A stat and a single
-        # read race with the job closing fd N and opening another file under the
-        # same number (torch's /dev/shm buffers do this all the time), which once
-        # cached the dataset's device as "no device" for the rest of a run. The
-        # stat goes through the fd, so it sees the job's file even in another
-        # mount namespace.
+    def _not_data(self) -> tuple[str, ...]:
+        """Folders whose files are iolens' own, never the dataset: the run directory and
+        the timing folders."""
+        run = self.run.path if self.run is not None else None
+        return tuple(os.path.join(d, "") for d in (self.timing.directory, self.timing.spare,
+                                                    run) if d)
+
+    def _scan_fds(self, pids: list[int]) -> None:
+        """The files the job's processes hold open: the devices they are on are watched,
+        and the data files among them (read, or read and written: LMDB and HDF5 open their
+        files in C, where no audit hook sees it) name the dataset's storage (NOTE [dataset
+        folders]). A file only written (a checkpoint, a log) watches its device.
+
+        NOTE [fd reuse]: the link is read before and after the stat, and the fd
+        is skipped this time round unless both reads agree. A stat and a single
+        read race with the job closing fd N and opening another file under the
+        same number (torch's /dev/shm buffers do this all the time), which once
+        cached the dataset's device as "no device" for the rest of a run. The
+        stat goes through the fd, so it sees the job's file even in another
+        mount namespace. The link's own mode is the descriptor's access mode
+        (r-x: read only, -wx: write only, rwx: both).
+        """
+        exclude = self._not_data()
         for pid in pids:
             fd_dir = os.path.join(self.proc_root, str(pid), "fd")
             for fd in _listdir(fd_dir):
                 link = os.path.join(fd_dir, fd)
                 try:
                     target = os.readlink(link)
-                    if not target.startswith("/") or target.startswith(("/dev/", "/proc/",
-                                                                         "/sys/")):
+                    if not target.startswith("/") or target.startswith(("/proc/", "/sys/")):
                         continue
-                    st_dev = os.stat(link).st_dev
+                    key = (pid, target)
+                    known = key in self._held
+                    if target.startswith("/dev/") and not target.startswith("/dev/shm/"):
+                        continue
+                    st = os.stat(link)
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    mode = 0 if known else os.lstat(link).st_mode
                     if os.readlink(link) != target:
                         continue
                 except OSError:
                     continue
-                if st_dev in self._dev_cache:
+                if not known and len(self._held) < _HELD_MAX and data_file(target, exclude):
+                    self._held.add(key)
+                    folder = os.path.dirname(target) or "/"
+                    if mode & stat.S_IRUSR:
+                        n = self._held_in[(pid, folder)] = self._held_in.get((pid, folder), 0) + 1
+                        self.timing.paths.append((pid, folder, n))
+                        self._sizes.append((folder, st.st_size))
+                    elif mode & stat.S_IWUSR:
+                        self.timing.paths.append((pid, folder, -1))
+                if st.st_dev in self._dev_cache:
                     continue
                 name: str | None = None
                 try:
@@ -409,7 +535,9 @@ class Recorder:
                         name = disk
                 except (OSError, ValueError):
                     pass
-                self._dev_cache[st_dev] = name
+                self._dev_cache[st.st_dev] = name
+        if self.timing.paths:
+            self._map_folders()
 
     def _map_folders(self) -> None:
         """Watch the devices that serve the folders the input pipeline opened files in."""
@@ -418,8 +546,12 @@ class Recorder:
             return
         for _, folder, _ in [f for f in folders if f[2] < 0]:
             self._watch_written(folder)
+            self.storage.note_written(folder)
         folders = [f for f in folders if f[2] >= 0]
         found = self.storage.add_all(folders)
+        for folder, size in self._sizes:
+            self.storage.note_size(folder, size)
+        self._sizes.clear()
         if found or folders:
             self.storage_now[:] = self.storage.meta()  # (the most opened mount comes first)
         for served in found:
@@ -463,6 +595,10 @@ class Recorder:
         seconds = max(now_mono - self._last_mono, 1e-9)
         self._last_mono = now_mono
         self.timing.poll(self.train)
+        if self.timing.urls:
+            for url in self.timing.urls:
+                self.storage.net.note_url(url)
+            self.timing.urls.clear()
         if self.timing.paths:
             self._map_folders()
         rec: dict[str, Any] = {
@@ -478,7 +614,7 @@ class Recorder:
             "mem": self._mem(),
             "train": self.train.take(),
         }
-        if self.storage.served:
+        if self.storage.served or self.storage.net.peers:
             try:
                 served = self.storage.sample(seconds)
             except Exception as exc:  # noqa: BLE001 - NOTE [never hurt the job] in loop()
@@ -556,11 +692,18 @@ class Recorder:
             "start": rfc3339(self.start_wall),
             "start_t": round(self.start_wall, 3),
             "devices": dict(self.watch),
+            "loaders": self.loaders(),
             "disk_source": self.disks.source if self._disk_error is None else None,
             "gpu": {"available": self.gpu.available, "reason": self.gpu.reason,
                     "names": self.gpu.names},
             **extra,
         }
+
+    def loaders(self) -> list[dict[str, Any]]:
+        """The settings of the loaders the job iterated (NOTE [loader settings] in
+        iolens/training/_hooks.py), in the order of their process and tag."""
+        return sorted(self.timing.loaders.values(),
+                      key=lambda d: (int(d.get("pid") or 0), int(d.get("tag") or 0)))
 
     def close(self) -> None:
         """Release files and NVML."""

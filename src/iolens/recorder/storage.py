@@ -1,5 +1,10 @@
 """What serves the dataset: the folders the input pipeline opens files in, mapped to storage.
 
+NOTE [storage roles]: each entry has a role. A folder the job both writes files in and
+reads them from is a ``cache`` (a streaming library that copies shards there, then
+reads them); where there is a cache, the storage the job only reads is the ``source``
+the copies come from; otherwise it is the ``dataset``.
+
 NOTE [dataset folders]: the DataLoader workers (and the training process with
 num_workers=0) note every folder they open files in (an audit hook, see
 iolens/training/_hooks.py); the recorder maps each to the mount that holds
@@ -17,6 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from iolens.recorder.network import NetWatch
 from iolens.sources import fuse
 from iolens.sources.devmap import MountEntry, device_for_path, read_mountinfo
 from iolens.sources.procfs import CLK_TCK, ProcessTable, ProcIO
@@ -71,6 +77,9 @@ class Served:
     more_folders: int = 0
     connection: int | None = None
     daemon: int | None = None
+    largest: int = 0
+    """The size of the largest data file seen open or mapped there (bytes): a dataset in
+    one large file (LMDB, HDF5, Arrow, tar shards) is not packed again."""
     _opens: dict[tuple[int, str], int] = field(default_factory=dict)
     """(pid, folder) -> the most opens that process reported there (0: mapped files)."""
 
@@ -95,6 +104,8 @@ class Served:
         if self.more_folders:
             out["more_folders"] = self.more_folders
         out["opens"] = self.opens
+        if self.largest:
+            out["largest_file"] = self.largest
         if self._opens and not self.opens:
             out["mapped"] = True  # found in the memory maps (numpy.memmap), not opened
         if self.kind == "fuse":
@@ -114,6 +125,11 @@ class StorageWatch:
         self.notes: list[str] = []
         self._procs = ProcessTable(proc_root)
         self._by_folder: dict[str, Served] = {}
+        self.written: set[str] = set()
+        """Folders the job opened files for writing in (bounded)."""
+        self.net = NetWatch(proc_root)
+        """The dataset's network peers (NOTE [network storage] in
+        iolens/recorder/network.py)."""
 
     def add(self, folder: str, opens: int = 1, pid: int = 0) -> Served | None:
         """Note that the dataset reads ``folder``; returns its mount when it is new."""
@@ -155,6 +171,18 @@ class StorageWatch:
             self._by_folder[folder] = s
         return new
 
+    def note_size(self, folder: str, size: int) -> None:
+        """A data file of ``size`` bytes in ``folder`` (read or mapped) was seen."""
+        s = self._by_folder.get(folder)
+        if s is not None and size > s.largest:
+            s.largest = size
+
+    def note_written(self, folder: str) -> None:
+        """The job opened a file for writing in ``folder``: a folder it also reads is a
+        cache it fills (NOTE [storage roles])."""
+        if len(self.written) < _FOLDERS_MAX:
+            self.written.add(folder)
+
     def _map(self, folder: str, table: list[MountEntry]) -> Served | None:
         entry = _longest_mount(table, folder)
         if entry is not None and kind_of(entry.fstype, None) in ("fuse", "nfs", "tmpfs"):
@@ -177,8 +205,9 @@ class StorageWatch:
         return s
 
     def sample(self, seconds: float) -> dict[str, Any]:
-        """This interval's figures of the storage with no block device (FUSE, NFS)."""
-        out: dict[str, Any] = {}
+        """This interval's figures of the storage with no block device (FUSE, NFS, the
+        network)."""
+        out: dict[str, Any] = self.net.sample(seconds) if self.net.peers else {}
         stats: dict[str, nfs.NfsMount] | None = None
         if any(s.kind == "nfs" for s in self.served.values()):
             from iolens.sources import nfs  # noqa: PLC0415 - only where an NFS mount serves
@@ -214,12 +243,35 @@ class StorageWatch:
                 fig["daemon_cpu_pct"] = round((ticks - prev[0]) / CLK_TCK / seconds * 100, 2)
                 # The daemon's rchar/wchar count its sockets: the network side of the mount.
                 fig["daemon_rchar_s"] = round(max(0, io.rchar - prev[1].rchar) / seconds, 1)
+                # Its disk reads (a FUSE mount with a local cache) are the job's, one step
+                # away: never a neighbour's.
+                fig["daemon_read_bytes_s"] = round(
+                    max(0, io.read_bytes - prev[1].read_bytes) / seconds, 1)
                 fig["daemon_wchar_s"] = round(max(0, io.wchar - prev[1].wchar) / seconds, 1)
         return fig
 
     def meta(self) -> list[dict[str, Any]]:
-        """The mounts found, the dataset's first: the most files opened there."""
-        return [s.to_dict() for s in sorted(self.served.values(), key=lambda x: -x.opens)]
+        """The mounts and network peers found, the dataset's first: the most files opened
+        there (a peer counts its connections)."""
+        found = []
+        for s in self.served.values():
+            d = s.to_dict()
+            d["role"] = "cache" if self._fills(s) else "dataset"
+            found.append(d)
+        found += [{**p, "role": "dataset"} for p in self.net.meta()]
+        if any(d["role"] == "cache" for d in found):
+            for d in found:
+                if d["role"] == "dataset":
+                    d["role"] = "source"
+        # NOTE [storage roles]: the source first, where the copies come from; then the
+        # cache; each by the files opened there.
+        order = {"source": 0, "dataset": 0, "cache": 1}
+        return sorted(found, key=lambda x: (order[x["role"]], -int(x["opens"])))
+
+    def _fills(self, s: Served) -> bool:
+        """Whether the job writes files in a folder of ``s`` that it reads (a cache)."""
+        return any(f in self.written for f in s.folders) or any(
+            f in self.written for (_, f) in s._opens)
 
 
 def _longest_mount(table: list[MountEntry], folder: str) -> MountEntry | None:

@@ -315,6 +315,12 @@ class TimingReader:
         """(pid, folder, opens so far): folders the job's input pipeline opened files in,
         or -1 for a folder the job opened files for writing in, not yet taken (NOTE
         [dataset folders] in iolens/training/_hooks.py); the recorder empties it."""
+        self.urls: list[str] = []
+        """URLs the job's Python code opened, not yet taken (NOTE [network storage] in
+        iolens/recorder/network.py); the recorder empties it."""
+        self.loaders: dict[str, dict[str, Any]] = {}
+        """The settings of each loader the job iterated, by its file's name (NOTE [loader
+        settings] in iolens/training/_hooks.py)."""
 
     def poll(self, into: TrainingAggregator) -> int:
         """Feed every whole record written since the last poll; returns how many."""
@@ -333,6 +339,8 @@ class TimingReader:
                     paths.append((pid, os.path.join(directory, name)))
                 elif name.endswith(".paths") and timing_pid(name[:-6] + ".bin") is not None:
                     self._read_paths(int(name[:-6]), os.path.join(directory, name))
+                elif name.startswith("loader-") and name not in self.loaders:
+                    self._read_loader(name, os.path.join(directory, name))
         count = 0
         # Workers' records after the training processes': their loader is then known.
         paths.sort(key=lambda p: p[0] not in self.pids)
@@ -363,6 +371,17 @@ class TimingReader:
             count += whole // records.RECORD_BYTES
         return count
 
+    def _read_loader(self, name: str, path: str) -> None:
+        """One loader's settings: a small JSON object, written whole (atomically)."""
+        try:
+            with open(path, "rb") as fh:
+                item = json.loads(fh.read(1 << 16))
+        except (OSError, ValueError, RecursionError):
+            return
+        if isinstance(item, dict):
+            self.loaders[name] = {k: v for k, v in item.items()
+                                  if isinstance(v, (str, int, float, bool))}
+
     def _read_paths(self, pid: int, path: str) -> None:
         offset = self._offsets.get(path, 0)
         try:
@@ -385,3 +404,5 @@ class TimingReader:
             if (isinstance(folder, str) and folder.startswith("/") and type(opens) is int
                     and opens >= -1):  # (-1: files were written there, not read)
                 self.paths.append((pid, folder, opens))
+            elif isinstance(folder, str) and "://" in folder[:16] and len(self.urls) < 256:
+                self.urls.append(folder)

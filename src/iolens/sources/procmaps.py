@@ -18,6 +18,27 @@ _MAX_BYTES = 4 << 20
 """Read at most this much of a maps file (a torch process maps a few hundred files)."""
 
 
+def data_file(path: str, exclude: tuple[str, ...] = ()) -> bool:
+    """Whether an absolute ``path`` a process holds (open or mapped) can be a data file: not
+    code (.so, .py, .pyc), not in a system folder, Python's installation or a kernel
+    filesystem (but /dev/shm, a dataset's place in RAM), not deleted, not
+    multiprocessing's or torch's own scratch files, and not under ``exclude``."""
+    if not path.startswith("/") or path.endswith(" (deleted)"):
+        return False
+    if path.startswith("/dev/shm/"):
+        name = path[9:]
+        if name.startswith(("torch_", "__KMP", "sem.", "psm_", "mp-")):
+            return False
+    elif path.startswith(_SYSTEM):
+        return False
+    name = os.path.basename(path)
+    if name.endswith(_CODE) or ".so." in name or "/pymp-" in path:
+        return False
+    if "/site-packages/" in path or "/dist-packages/" in path or "/lib/python" in path:
+        return False  # (Python's own: a spawned worker's imports read metadata there)
+    return not (exclude and path.startswith(exclude))
+
+
 def mapped_files(text: str, exclude: tuple[str, ...] = ()) -> list[str]:
     """The data files mapped in ``text`` (a maps file): absolute paths, once each, in order.
 
@@ -37,14 +58,8 @@ def mapped_files(text: str, exclude: tuple[str, ...] = ()) -> list[str]:
         if "x" in parts[1]:
             code.add(path)
             continue
-        if not path.startswith("/") or path.endswith(" (deleted)"):
-            continue
-        name = os.path.basename(path)
-        if name.endswith(_CODE) or ".so." in name or path.startswith(_SYSTEM):
-            continue
-        if exclude and path.startswith(exclude):
-            continue
-        out.setdefault(path, None)
+        if data_file(path, exclude):
+            out.setdefault(path, None)
     return [p for p in out if p not in code]
 
 

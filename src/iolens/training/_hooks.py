@@ -49,8 +49,8 @@ class TimingWriter:
     """
 
     __slots__ = ("_fd", "_ids", "_pfd", "buf", "directory", "dropped", "error", "flush_ns",
-                 "last_flush", "moved", "paths", "pid", "spare", "spare_bytes", "trackers",
-                 "written")
+                 "last_flush", "loaders", "moved", "paths", "pid", "spare", "spare_bytes",
+                 "trackers", "written")
 
     def __init__(self, directory: str, flush_ns: int = 500_000_000,
                  spare: str | None = None) -> None:
@@ -76,6 +76,8 @@ class TimingWriter:
         self.trackers: dict[str, str] = {}
         """The job's own trackers' run ids, by tracker, once noted (NOTE [the job's
         tracker run])."""
+        self.loaders: set[int] = set()
+        """Tags of the loaders whose settings are written (NOTE [loader settings])."""
 
     def flush(self, now: int | None = None) -> None:
         """Append what is buffered; on failure, count the loss and remember why."""
@@ -204,6 +206,19 @@ class TimingWriter:
         ``--wandb`` puts iolens' run beside."""
         self._note_run({"tracker": "wandb", "run_id": run_id, "project": project,
                         "entity": entity, "group": group})
+
+    def note_loader(self, tag: int, loader: Any) -> None:
+        """NOTE [loader settings]: once per loader, write ``loader-<pid>-<tag>.json``
+        beside the timing files: the settings the advice must know (num_workers,
+        persistent_workers, prefetch_factor, pin_memory, batch size, the start method,
+        the sampler's and the dataset's types), so that it never asks for what is set
+        already and knows data that sits in one large file."""
+        if tag in self.loaders or self.moved is not None:
+            return
+        self.loaders.add(tag)
+        info = {"pid": self.pid, "tag": tag, **loader_settings(loader)}
+        write_atomic(os.path.join(self._folder(), f"loader-{self.pid}-{tag}.json"),
+                     json.dumps(info).encode())
 
     def _note_run(self, info: dict[str, str]) -> None:
         """Write ``tracker-<tracker>-<pid>.json``, once a run (NOTE [the job's tracker run])."""
@@ -338,10 +353,52 @@ def step() -> None:
         w.flush(t)
 
 
+def _type_name(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def loader_settings(loader: Any) -> dict[str, Any]:
+    """The settings of a DataLoader (or of any loader ``iolens.instrument()`` wraps) that
+    the advice reads (NOTE [loader settings]); what a loader lacks is left out."""
+    out: dict[str, Any] = {"loader": _type_name(loader)}
+    for key in ("num_workers", "prefetch_factor", "batch_size"):
+        v = getattr(loader, key, None)
+        if type(v) is int:
+            out[key] = v
+    for key in ("persistent_workers", "pin_memory", "drop_last"):
+        v = getattr(loader, key, None)
+        if type(v) is bool:
+            out[key] = v
+    if "num_workers" in out:
+        ctx = getattr(loader, "multiprocessing_context", None)
+        method = getattr(ctx, "get_start_method", None)
+        if callable(method):
+            out["start_method"] = str(method())
+        elif out["num_workers"] > 0:
+            mp = sys.modules.get("multiprocessing")
+            if mp is not None:  # (asked without fixing it: the job may still set it)
+                out["start_method"] = str(mp.get_start_method(allow_none=True)
+                                          or mp.get_all_start_methods()[0])
+    for key in ("sampler", "batch_sampler", "dataset"):
+        v = getattr(loader, key, None)
+        if v is not None:
+            out[key] = _type_name(v)
+    ds = getattr(loader, "dataset", None)
+    if ds is not None:
+        kind = getattr(loader, "_dataset_kind", None)
+        out["iterable"] = kind == 1 if type(kind) is int else not hasattr(ds, "__getitem__")
+        out["getitems"] = callable(getattr(ds, "__getitems__", None))
+    return out
+
+
 def _note_epoch(w: TimingWriter, loader: Any, it: Any, t: int) -> int:
     """Record an epoch start (and the loader's worker pids); returns the loader's tag."""
     try:
         tag = _tag_for(loader)
+        if tag not in w.loaders:
+            with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+                w.note_loader(tag, loader)
         shift = records.TAG_SHIFT
         w.buf.extend((records.EPOCH | (tag << shift), t, int(getattr(loader, "num_workers", 0))))
         workers = 0
@@ -638,6 +695,38 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
                 c.opened(path)
         except Exception:  # noqa: BLE001 - NOTE [never hurt the job]
             pass
+    elif event in _NET_EVENTS:
+        with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+            _note_url(event, args)
+
+
+_NET_EVENTS = frozenset(("http.client.connect", "urllib.Request"))
+_urls: set[str] = set()
+"""The hosts (scheme://host:port) whose URLs are noted (NOTE [network storage] in
+iolens/recorder/network.py)."""
+
+
+def _note_url(event: str, args: tuple[Any, ...]) -> None:
+    """Note where the job's Python code reads over the network: the URL of a urllib
+    request, or the scheme, host and port of an http.client connection (requests and
+    urllib3 use it), so that the recorder can name the peer its sockets connect to."""
+    w = _writer
+    if w is None or len(_urls) >= _PATHS_MAX:
+        return
+    if event == "urllib.Request":
+        url = args[0]
+        if url.__class__ is not str or "://" not in url:
+            return
+        key = url.split("/", 3)[:3]
+        host = "/".join(key)
+    else:
+        conn, name, port = args[0], args[1], args[2]
+        scheme = "https" if "HTTPS" in type(conn).__name__ else "http"
+        host = url = f"{scheme}://{name}:{port}"
+    if host in _urls:
+        return
+    _urls.add(host)
+    w.paths.append((url, 1))
 
 
 _written: dict[str, bool] = {}
@@ -761,11 +850,44 @@ class _TimedDataQueue:
         return getattr(self._q, name)
 
 
+def items_in(batch: Any) -> int:
+    """How many samples one item of a loader without automatic batching holds
+    (``batch_size=None``): a batch the dataset made itself (WebDataset's ``.batched(n)``)
+    holds n, a single sample 1.
+
+    A made batch is a tuple, list or dict of tensors, arrays and lists that all share one
+    leading length n >= 2, one of them a label's 1-D tensor or list of n; a sample (an
+    image of shape (3, H, W) and an int label) has no such leaf.
+    """
+    parts = batch.values() if isinstance(batch, dict) else batch
+    if not isinstance(parts, (tuple, list, type({}.values()))):
+        return 1
+    n = 0
+    flat = False
+    for leaf in parts:
+        shape = getattr(leaf, "shape", None)
+        if shape is not None:
+            if not shape:
+                return 1
+            size, flat = int(shape[0]), flat or len(shape) == 1
+        elif isinstance(leaf, list):
+            size, flat = len(leaf), True
+        else:
+            return 1
+        if size < 2 or (n and size != n):
+            return 1
+        n = size
+    return n if flat else 1
+
+
 def _timed_collate(collate: Callable[[Any], Any], c: _StageClock) -> Callable[[Any], Any]:
     def collate_fn(batch: Any) -> Any:
         c.t_col = _now()
         c.cpu_col = _cpu()
-        c.samples += len(batch) if c.auto and type(batch) is list else 1
+        if c.auto:
+            c.samples += len(batch) if type(batch) is list else 1
+        else:  # (the dataset batches itself: NOTE [stage timing])
+            c.samples += items_in(batch)
         out = collate(batch)
         c.t_col_end = _now()
         return out
