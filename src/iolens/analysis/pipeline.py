@@ -55,6 +55,11 @@ class Pipeline:
     in_process: bool
     """The training process fetched its own batches (num_workers=0)."""
     processes: int
+    net_bytes: float = 0.0
+    """Bytes received on the dataset's network connections in the span (NOTE [network
+    storage] in iolens/recorder/network.py)."""
+    mapped: bool = False
+    """The dataset is read through a memory map (found in /proc/PID/maps)."""
 
     @property
     def fetch_s_per_sample(self) -> float | None:
@@ -85,8 +90,28 @@ class Pipeline:
         return self.handover_s / self.handovers if self.handovers else None
 
     @property
+    def bytes_source(self) -> str:
+        """The counter the bytes per sample rest on (NOTE [bytes per sample])."""
+        best = max(self.read_bytes, self.disk_bytes, self.net_bytes)
+        if best <= 0:
+            return "mapped" if self.mapped else "rchar"
+        if best == self.net_bytes:
+            return "socket"
+        if best == self.read_bytes:
+            return "rchar"
+        return "mapped" if self.mapped else "read_bytes"
+
+    @property
     def bytes_per_sample(self) -> float | None:
-        return self.read_bytes / self.samples if self.samples else None
+        """NOTE [bytes per sample]: what reached the fetching processes per sample, from
+        the counter that saw the most of it. rchar counts read() calls (the page cache's
+        bytes too, and a ``pipe:curl`` child's output) but not a memory map's reads nor
+        recv() on a socket; read_bytes counts what the job's processes made a block
+        device read (a memory map's faults and readahead too: never below what the
+        device served them); the sockets' own counts (tcp_info) hold what came over the
+        network. A memory map read from the page cache shows in none of them."""
+        best = max(self.read_bytes, self.disk_bytes, self.net_bytes)
+        return best / self.samples if self.samples else None
 
     @property
     def disk_bytes_per_sample(self) -> float | None:
@@ -116,6 +141,7 @@ class Pipeline:
             "handover_s_per_batch": r(self.handover_s_per_batch, 7),
             "worker_idle_share": r(self.worker_idle_share, 4),
             "bytes_per_sample": r(self.bytes_per_sample, 1),
+            "bytes_source": self.bytes_source,
             "files_per_sample": r(self.files_per_sample, 4),
             "batches": self.batches,
             "samples": self.samples,
@@ -124,12 +150,19 @@ class Pipeline:
         }
 
 
-def pipeline(records: Iterable[dict[str, Any]]) -> Pipeline | None:
-    """The stage figures over ``records``, or None when no batch's stages were timed."""
+def pipeline(records: Iterable[dict[str, Any]], *, mapped: bool = False,
+             cache: bool = False) -> Pipeline | None:
+    """The stage figures over ``records``, or None when no batch's stages were timed;
+    ``mapped``: the dataset is read through a memory map (its storage entry says so);
+    ``cache``: the fetching processes copy the data into a cache they then read (a
+    streaming library), so each byte is read twice and written once: what they wrote
+    is taken off what they read."""
+    recs = records if isinstance(records, Sequence) else list(records)
     batches = samples = files = handovers = processes = 0
-    fetch = cpu = collate = idle = handover = read = disk = 0.0
+    fetch = cpu = collate = idle = handover = read = disk = net = 0.0
     in_process = False
-    for rec in records:
+    first = last = -1
+    for i, rec in enumerate(recs):
         p = _pipe(rec)
         if not p:
             continue
@@ -145,17 +178,47 @@ def pipeline(records: Iterable[dict[str, Any]]) -> Pipeline | None:
         h = p.get("handover")
         handovers += int(amount(h, "count"))
         handover += amount(h, "sum_s")
-        inproc = p.get("in_process") is True
-        in_process = in_process or (inproc and n > 0)
-        roles = ((rec.get("job") or {}).get("roles") or {}) if isinstance(rec.get("job"),
-                                                                           dict) else {}
-        role = roles.get("main" if inproc else "worker") if isinstance(roles, dict) else None
-        read += amount(role, "rchar_s") * _secs(rec)
-        disk += amount(role, "read_bytes_s") * _secs(rec)
+        in_process = in_process or (p.get("in_process") is True and n > 0)
+        if n > 0:
+            first = i if first < 0 else first
+            last = i
     if batches == 0:
         return None
+    # The bytes, over every interval from the one before the first batch made to the last:
+    # a fetch slower than an interval reads in intervals where no batch is made.
+    for rec in recs[max(0, first - 1):last + 1]:
+        job = rec.get("job")
+        roles = job.get("roles") if isinstance(job, dict) else None
+        role = roles.get("main" if in_process else "worker") if isinstance(roles, dict) else None
+        got = amount(role, "rchar_s")
+        read += (max(0.0, got - amount(role, "wchar_s")) if cache else got) * _secs(rec)
+        disk += amount(role, "read_bytes_s") * _secs(rec)
+        net += network_bytes(rec)
     return Pipeline(batches, samples, fetch, cpu, collate, idle, files, handovers, handover,
-                    read, disk, in_process, processes)
+                    read, disk, in_process, processes, net, mapped)
+
+
+def dataset_mapped(meta: dict[str, Any]) -> bool:
+    """Whether the dataset's storage (meta.json's first ``storage`` entry) was found only in
+    the job's memory maps."""
+    st = meta.get("storage")
+    top = st[0] if isinstance(st, list) and st and isinstance(st[0], dict) else {}
+    return top.get("mapped") is True
+
+
+def dataset_cached(meta: dict[str, Any]) -> bool:
+    """Whether the job fills a cache it reads (a storage entry with the role ``cache``)."""
+    st = meta.get("storage")
+    return isinstance(st, list) and any(isinstance(s, dict) and s.get("role") == "cache"
+                                        for s in st)
+
+
+def network_bytes(rec: dict[str, Any]) -> float:
+    """Bytes the job received from the dataset's network peers in one interval."""
+    st = rec.get("storage")
+    if not isinstance(st, dict):
+        return 0.0
+    return sum(amount(fig, "rx_bytes_s") for fig in st.values()) * _secs(rec)
 
 
 def stage_series(records: Sequence[dict[str, Any]]) -> list[dict[str, float]]:

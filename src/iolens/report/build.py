@@ -26,7 +26,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from iolens.analysis.pipeline import pipeline, stage_series
+from iolens.analysis.pipeline import (
+    dataset_cached,
+    dataset_mapped,
+    pipeline,
+    stage_series,
+)
 from iolens.analysis.rundata import RunData
 from iolens.analysis.verdict import device_load, diagnose, rank_figures
 from iolens.rundir import records as trecords
@@ -57,13 +62,13 @@ def build_report(run: RunData) -> dict[str, Any]:
         "processes": _processes(recs, meta),
         "gpus": _gpus(recs, meta),
         "cpu": _cpu(recs),
-        "pipeline": _pipeline(recs),
+        "pipeline": _pipeline(recs, meta),
         "storage": [s for s in meta.get("storage") or [] if isinstance(s, dict)],
     }
 
 
-def _pipeline(recs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    pipe = pipeline(recs)
+def _pipeline(recs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
+    pipe = pipeline(recs, mapped=dataset_mapped(meta), cache=dataset_cached(meta))
     if pipe is None:
         return None
     return {**pipe.to_dict(), "stages": [{k: round(v, 7) for k, v in row.items()}

@@ -751,7 +751,7 @@ def _pipeline_table(report: dict[str, Any]) -> str:
             ("hand-over per batch (queue, unpickling, pin_memory)",
              f"{_ms_text(p.get('handover_s_per_batch'))} ms"),
             ("workers idle (waiting for the loop to ask)", _pct_text(p.get("worker_idle_share"))),
-            ("read per sample (rchar)",
+            (f"read per sample ({p.get('bytes_source') or 'rchar'})",
              f"{per_sample / 1024:.1f} KiB" if per_sample is not None else "-"),
             ("files opened per sample", _f(p.get("files_per_sample"), ".2f")))
     return ('<div id="pipeline-figures">' + _table(

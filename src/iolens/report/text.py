@@ -155,7 +155,8 @@ def _pipeline(report: dict[str, Any]) -> RenderableType | None:
             ("hand-over per batch (queue, unpickling, pin_memory)",
              _ms(p.get("handover_s_per_batch")) + " ms"),
             ("workers idle (waiting for the loop to ask)", _pct(p.get("worker_idle_share"))),
-            ("read per sample (rchar)", _kib(p.get("bytes_per_sample"))),
+            (f"read per sample ({p.get('bytes_source') or 'rchar'})",
+             _kib(p.get("bytes_per_sample"))),
             ("files opened per sample", _f(p.get("files_per_sample"), ".2f")))
     for label, value in rows:
         t.add_row(label, value)
