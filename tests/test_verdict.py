@@ -90,9 +90,13 @@ def test_compute_bound_says_the_input_keeps_up() -> None:
 SLOW_LOOP = {"loop0": dev(util=97, r_s=112, rkb=112 * 64, r_await=31, aqu=3.4), "vda": dev()}
 
 
+ON_LOOP = {"mount": "/mnt/data", "fstype": "ext4", "device": "loop0", "disks": ["loop0"],
+           "kind": "block", "folders": ["/mnt/data/train"]}
+
+
 def test_storage_bound_names_the_device_with_its_evidence() -> None:
     records = run_of(wait=0.09, step=0.1, devices=SLOW_LOOP, job_read=112 * 64 * 1024 * 0.99)
-    v = diagnose(records, META)
+    v = diagnose(records, {**META, "storage": [ON_LOOP], "run_dir": "/runs/a b"})
     assert (v.cls, v.severity, v.devices) == ("storage-bound", "high", ["loop0"])
     assert v.evidence[0] == ("loop0 97% util, r_await 31.0 ms, aqu-sz 3.4, 7.0 MB/s in 112 "
                              "reads/s of 64 KiB, 99% of its reads by this job, from 00:00 "
@@ -103,7 +107,7 @@ def test_storage_bound_names_the_device_with_its_evidence() -> None:
     first, probe, pack = v.recommendations[:3]
     assert first.action.startswith("cache the dataset in RAM") and first.prediction is None
     assert first.gain.startswith("up to 10.00x more steps per second")
-    assert "iolens probe --storage" in probe.action
+    assert "`iolens probe --storage /mnt/data/train --run '/runs/a b'`" in probe.action
     assert "pack the dataset" in pack.action and "64 KiB" in pack.because
     assert pack.because.startswith("loop0 is saturated with small reads"), pack.because
     assert pack.prediction is None and "the probe tells" in (pack.unavailable or "")
@@ -111,6 +115,32 @@ def test_storage_bound_names_the_device_with_its_evidence() -> None:
         "verdict: storage-bound (data wait 90.0% of step time, high)",
         f"evidence: {v.evidence[0]}",
         f"try: {first.action}; expected: {first.gain}"]
+
+
+def test_advice_names_no_placeholder_path() -> None:
+    # Where the dataset's storage is not known, the probe (which needs a path on it) is not
+    # offered with PATH left in.
+    records = run_of(wait=0.09, step=0.1, devices=SLOW_LOOP, job_read=112 * 64 * 1024 * 0.99)
+    v = diagnose(records, META)
+    assert v.cls == "storage-bound"
+    assert not any("PATH" in r.action or "iolens probe" in r.action for r in v.recommendations)
+
+
+def test_data_in_large_files_is_not_packed_again() -> None:
+    records = run_of(wait=0.09, step=0.1, devices=SLOW_LOOP, job_read=112 * 64 * 1024 * 0.99)
+    lmdb = {**ON_LOOP, "largest_file": 80 << 20}
+    v = diagnose(records, {**META, "storage": [lmdb]})
+    pack = next(r for r in v.recommendations if (r.change or {}).get("pack"))
+    assert "iolens pack" not in pack.action and "BlockShuffleSampler" in pack.action
+    assert "packed already" in pack.action
+    # ... and read in blocks already (the loader's sampler says so): no pack advice at all
+    block = {"num_workers": 2, "sampler": "iolens.data.BlockShuffleSampler"}
+    v = diagnose(records, {**META, "storage": [lmdb], "loaders": [block]})
+    assert not any((r.change or {}).get("pack") for r in v.recommendations)
+    assert any((r.change or {}).get("pack") for r in v.declined)
+    # a small file per sample is packed as before
+    v = diagnose(records, {**META, "storage": [{**ON_LOOP, "largest_file": 64 << 10}]})
+    assert any("iolens pack" in r.action for r in v.recommendations)
 
 
 def test_the_pack_advice_fits_the_loader() -> None:

@@ -35,6 +35,10 @@ SMALL_READ_KIB = 128.0
 """Average reads under 128 KiB on a busy device are the small-file pattern that
 packing (LMDB, HDF5, tar shards, memmap) turns into large sequential reads;
 larger ones are bandwidth-bound, where only faster storage or caching helps."""
+BLOCKED_DEVICE_UTIL = 50.0
+"""A fetch blocked off CPU while it reads a dataset whose device is half busy or more
+waits on that device, though it is not saturated (a throughput cap above it holds a
+JPEG folder read by two workers at 80% util, 6 ms a read, 8.0 MB/s flat)."""
 D_STATE_SHARE = 0.5
 """Job processes in uninterruptible sleep (state D) in half the samples or more:
 the job waits on I/O even when the device it reads is not busy, because the
@@ -120,3 +124,17 @@ PACK_REQUEST_BYTES = 1 << 20
 of the device's readahead window (the storage probe's sequential read size), or of the
 batch where that is larger, counted here at most 1 MiB (a larger read may be split
 below)."""
+
+NET_SCALING_INTERVALS = 3
+"""A level of connections open is compared only when seen in this many intervals or more."""
+NET_CAPPED_GAIN = 0.25
+"""A network store that gives under a quarter of the bytes more connections would bring
+(twice the connections, under 25% more bytes a second) caps its throughput."""
+NET_LATENCY_GAIN = 0.6
+"""... and one that gives 60% of it or more answers slowly: more requests in flight help."""
+PACKED_FILE_BYTES = 1 << 20
+"""A data file of 1 MiB or more and PACKED_FILE_SAMPLES samples or more holds a dataset
+packed already (LMDB, HDF5, Arrow, tar shards of any size): it is not packed again."""
+PACKED_FILE_SAMPLES = 32
+PACKED_FILES_PER_SAMPLE = 0.1
+"""... unless the fetch also opens a file for every few samples (a file per sample)."""

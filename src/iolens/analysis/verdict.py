@@ -21,6 +21,7 @@ A run with no timed batches gets the class ``no-steps`` with the reason.
 from __future__ import annotations
 
 import bisect
+import shlex
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from typing import Any
 from iolens.analysis import model as pm
 from iolens.analysis import rules
 from iolens.analysis.model import Model, Prediction
-from iolens.analysis.pipeline import Pipeline, pipeline
+from iolens.analysis.pipeline import Pipeline, dataset_cached, dataset_mapped, pipeline
 
 PRIMARY_CLASSES = ("compute-bound", "storage-bound", "cpu-bound-input", "loader-starved",
                    "handover-bound", "write-stall")
@@ -150,6 +151,17 @@ class Verdict:
     """The model of the pipeline the predictions come from (iolens.analysis.model)."""
     probe: dict[str, Any] | None = None
     """The storage probe's result for the dataset's storage (``iolens probe --storage``)."""
+    run_dir: str = "RUN"
+    """The run's folder, as advice names it (meta.json's ``run_dir``)."""
+    loaders: list[dict[str, Any]] = field(default_factory=list, repr=False, compare=False)
+    """The settings of the job's DataLoaders (meta.json's ``loaders``, NOTE [loader
+    settings] in iolens/training/_hooks.py): advice never asks for what is set."""
+
+    def already(self, key: str, value: Any) -> bool:
+        """Whether every loader with workers already has ``key`` set to ``value`` (False
+        when no loader's settings are known)."""
+        mine = [d for d in self.loaders if int(d.get("num_workers") or 0) > 0]
+        return bool(mine) and all(d.get(key) == value for d in mine)
 
     def offer(self, rec: Recommendation) -> None:
         """Add ``rec`` unless the model predicts it gains nothing as a fix."""
@@ -326,6 +338,21 @@ def _job_bytes(recs: Iterable[dict[str, Any]], role: str | None = None) -> tuple
     return rd, wr
 
 
+def _helper_bytes(recs: Iterable[dict[str, Any]]) -> float:
+    """Bytes read from devices on the job's behalf by processes outside it: the local
+    server of a network dataset, a FUSE daemon (NOTE [network storage] in
+    iolens/recorder/network.py). They are the job's load, seen one step away."""
+    out = 0.0
+    for rec in recs:
+        st = rec.get("storage")
+        if not isinstance(st, dict):
+            continue
+        s = _secs(rec)
+        for fig in st.values():
+            out += (_num(fig, "server_read_bytes_s") + _num(fig, "daemon_read_bytes_s")) * s
+    return out
+
+
 def _device_names(records: Sequence[dict[str, Any]]) -> list[str]:
     names: dict[str, None] = {}
     for rec in records:
@@ -421,6 +448,9 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     v = Verdict("compute-bound", severity(share), share, figures=figures,
                 caveat=blind.evidence[0] if blind is not None else None, storage=storage)
     v.probe = _probe_for(meta, storage)
+    if isinstance(meta.get("run_dir"), str):
+        v.run_dir = shlex.quote(meta["run_dir"])
+    v.loaders = [d for d in meta.get("loaders") or [] if isinstance(d, dict)]
     model = Model(timed, int(meta.get("cpus") or 0) or None)
     v.model = model if model.whole is not None else None
     stall = _write_stall(records, timed, share)
@@ -440,7 +470,9 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
 def served_storage(meta: dict[str, Any]) -> list[dict[str, Any]]:
     """What serves the dataset, from meta.json (NOTE [dataset folders] in
     iolens/recorder/storage.py), the dataset's first (the most files opened there):
-    ``{"mount", "fstype", "device", "kind", "disks", "page_cache_visible", "mapped"}``."""
+    ``{"mount", "fstype", "device", "kind", "disks", "page_cache_visible", "mapped",
+    "role", "folders"}``, and ``peer``, ``server``, ``server_pid`` of a network store and
+    ``largest_file`` where they are known."""
     out = []
     for s in meta.get("storage") or []:
         if isinstance(s, dict) and isinstance(s.get("mount"), str):
@@ -451,8 +483,13 @@ def served_storage(meta: dict[str, Any]) -> list[dict[str, Any]]:
                         "device": dev if isinstance(dev, str) else None, "kind": kind,
                         "disks": disks or ([dev] if isinstance(dev, str) else []),
                         "page_cache_visible": s.get("page_cache_visible") is not False
-                        and kind not in ("fuse", "nfs", "tmpfs"),
-                        "mapped": s.get("mapped") is True})
+                        and kind not in ("fuse", "nfs", "tmpfs", "network"),
+                        "mapped": s.get("mapped") is True,
+                        "role": str(s.get("role") or "dataset"),
+                        "folders": [f for f in s.get("folders") or [] if isinstance(f, str)]})
+            for key in ("peer", "server", "server_pid", "largest_file"):
+                if isinstance(s.get(key), (str, int)):
+                    out[-1][key] = s[key]
     return out
 
 
@@ -574,6 +611,7 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
     when = f", {window.text()}" if window else ""
     ceiling = _ceiling(share)
     job_read, _ = _job_bytes(win)
+    job_read += _helper_bytes(win)
     workers, worker_cpu = _workers(win)
     declared = max((int(_num(_train(r), "num_workers")) for r in timed), default=0)
     plain = (not declared and any(_train(r).get("iterable_loader") is True for r in timed))
@@ -595,13 +633,19 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
     # Without device figures nothing says the storage is idle: say it was not measured.
     measured = bool(_device_names(win))
     storage = "the storage not saturated" if measured else "the storage not measured"
-    pipe = pipeline(win)
+    pipe = pipeline(win, mapped=dataset_mapped(meta), cache=dataset_cached(meta))
     idle_workers = pipe is not None and (pipe.worker_idle_share or 0.0) >= rules.WORKERS_IDLE
     # Of the workers' busy time (fetch and collate, the collate counted as CPU): a light
     # read beside a heavy collate is not storage's doing.
     blocked = pipe is not None and (pipe.busy_blocked_share or 0.0) >= rules.FETCH_BLOCKED
     on_cpu = pipe is not None and (1 - (pipe.busy_blocked_share or 0.0)) >= rules.FETCH_CPU
-    if best is not None:
+    top = v.storage[0] if v.storage else None
+    if top is not None and top.get("kind") == "network" and pipe is not None and (
+            best is not None or (blocked and not idle_workers
+                                 and reads_dataset(pipe, v.storage))):
+        _network_store(v, pipe, win, top, best[0] if best is not None else None,
+                       share=share, when=when, ceiling=ceiling, workers=workers)
+    elif best is not None:
         load, own = best
         v.cls, v.devices = "storage-bound", [load.name]
         v.evidence.append(
@@ -612,7 +656,9 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         if pipe is not None:
             v.evidence.append(fetch_text(pipe))
         _saturated_device(v, load, ceiling=ceiling, workers=workers,
-                          iterable=any(_train(r).get("iterable_loader") is True for r in win))
+                          iterable=any(_train(r).get("iterable_loader") is True for r in win)
+                          or any(d.get("iterable") is True for d in v.loaders),
+                          packed=_packed(v, pipe))
     elif (pipe is not None and blocked and not idle_workers
           and _waits_on_storage(pipe, win, v.storage, d_share)):
         _storage_from_inside(v, pipe, win, share=share, when=when, ceiling=ceiling,
@@ -726,12 +772,17 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
                 change={"num_workers": target}))
         bursts = _bursty(win)
         if workers and bursts:
+            prefetch = max((int(d.get("prefetch_factor") or 2) for d in v.loaders
+                            if int(d.get("num_workers") or 0) > 0), default=2)
+            action = (f"raise prefetch_factor (batches each worker keeps ready) from "
+                      f"{prefetch} to {2 * prefetch}")
+            if not v.already("persistent_workers", True):
+                action += " and set persistent_workers=True"
             v.recommendations.append(Recommendation(
-                "raise prefetch_factor (batches each worker keeps ready, default 2) and set "
-                "persistent_workers=True", bursts, ceiling, None,
+                action, bursts, ceiling, None,
                 "the model works from each stage's mean cost; bursts are in its interval",
-                {"prefetch_factor": 4}))
-        if any(r.get("gpu") for r in timed):
+                {"prefetch_factor": 2 * prefetch}))
+        if any(r.get("gpu") for r in timed) and not v.already("pin_memory", True):
             v.recommendations.append(Recommendation(
                 "use pin_memory=True in the DataLoader and .to(device, non_blocking=True)",
                 "host-to-GPU copies then overlap the step", "overlapped copies", None,
@@ -768,8 +819,9 @@ def _probe_for(meta: dict[str, Any], storage: Sequence[dict[str, Any]]) -> dict[
 def _probe_rec(v: Verdict, settles: str) -> Recommendation:
     """The probe of the dataset's storage, where it would settle the advice."""
     return Recommendation(
-        f"measure the storage's ceilings: `iolens probe --storage {_where(v)} --run RUN` (a few "
-        "seconds of read-only reads), then `iolens report RUN` again",
+        f"measure the storage's ceilings: `iolens probe --storage {_where(v)} --run "
+        f"{v.run_dir}` (a few seconds of read-only reads), then `iolens report {v.run_dir}` "
+        "again",
         settles, "a prediction for the fix that fits",
         unavailable="a measurement, not a change: it settles which fix to predict")
 
@@ -786,11 +838,33 @@ def _samples_per_s(v: Verdict) -> float:
     return m.whole.steps_per_s * m.whole.batch if m is not None and m.whole else 0.0
 
 
+def _packed(v: Verdict, pipe: Pipeline | None) -> str | None:
+    """Whether the dataset sits in large files already (LMDB, HDF5, Arrow, tar shards):
+    ``blocks`` when it is also read in blocks (a block sampler, or streamed), ``scattered``
+    when it is read one sample at a time, None when it is a file per sample (or unknown).
+
+    A dataset file many samples large, or one the job maps, is a pack: the storage entry
+    has the largest data file the job held open or mapped."""
+    top = v.storage[0] if v.storage else {}
+    per = (pipe.bytes_per_sample or 0.0) if pipe is not None else 0.0
+    large = _num(top, "largest_file") >= max(rules.PACKED_FILE_BYTES,
+                                             rules.PACKED_FILE_SAMPLES * per)
+    if not (large or top.get("mapped")):
+        return None
+    if pipe is not None and (pipe.files_per_sample or 0.0) >= rules.PACKED_FILES_PER_SAMPLE:
+        return None  # (a file opened per sample beside the large one: a file per sample)
+    in_blocks = any("BlockShuffleSampler" in str(d.get("sampler") or "")
+                    or d.get("iterable") is True for d in v.loaders)
+    return "blocks" if in_blocks else "scattered"
+
+
 def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: int,
-                      iterable: bool = False) -> None:
+                      iterable: bool = False, packed: str | None = None) -> None:
     """A device the job's reads saturate, or keep slow with a queue: what it serves now is
     its ceiling in this reading pattern. A cache lifts it; a pack only where the device
-    limits requests, not bytes."""
+    limits requests, not bytes, and the data is not in large files already: then reading
+    the large files in larger requests (a batch of consecutive samples) is what a pack
+    would have brought; data read in blocks already is told no more."""
     word = "saturated" if load.util >= rules.UTIL_SATURATED else "slow"
     state = word if word == "saturated" else (
         f"slow ({load.r_await:.1f} ms a read, {load.aqu_sz:.1f} queued)")
@@ -805,11 +879,19 @@ def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: in
         f"{load.name} answers in {load.r_await:.1f} ms at {load.util:.0f}% util", ceiling,
         {"storage": "ram"}, pm.cached(),
         basis=["if the dataset fits in RAM: no reads reach a device"])
-    pack_action = _pack_action(iterable)
+    pack_action = _pack_action(iterable) if packed is None else _block_action()
     because_small = (f"{load.name} is {state} with small reads ({load.rareq_kib:.0f} KiB "
                      f"on average, {load.r_s:.0f}/s)")
     limit = probe.get("limit") if probe else None
-    if small and limit == "iops":
+    if small and packed == "blocks":
+        v.offer(cache)
+        v.declined.append(Recommendation(
+            _pack_action(iterable), "the dataset is in large files read in blocks already",
+            "none", unavailable="the data is packed and read in order already",
+            change={"pack": True}))
+        v.evidence.append("the dataset is in large files, read in blocks already: a pack "
+                          "would change nothing")
+    elif small and limit == "iops":
         v.offer(_pack_rec(v, probe or {}, load, action=pack_action, because=because_small,
                           ceiling=ceiling))
         v.offer(cache)
@@ -824,9 +906,10 @@ def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: in
                           "whatever the request size), not requests: packing would not help")
     elif small:
         v.offer(cache)
-        v.recommendations.append(_probe_rec(
-            v, "whether the device limits requests (then packing helps) or bytes "
-            "(then only a cache or faster storage does) decides the fix"))
+        if v.storage:  # (the probe needs a path on the storage: never a placeholder)
+            v.recommendations.append(_probe_rec(
+                v, "whether the device limits requests (then packing helps) or bytes "
+                "(then only a cache or faster storage does) decides the fix"))
         v.recommendations.append(Recommendation(
             pack_action, because_small, ceiling, None,
             "whether the device limits requests or bytes is not known: the probe tells",
@@ -839,6 +922,15 @@ def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: in
         f"{load.name} is {load.util:.0f}% busy", "little until the device is relieved",
         {"num_workers": more}, pm.more_workers(more),
         basis=[f"{more} workers: more requests in flight on a {word} device"]))
+
+
+def _block_action() -> str:
+    """The pack advice for data in large files already, read one sample at a time."""
+    return ("read the large files in larger requests: a batch of consecutive samples at a "
+            "time, in a random order of blocks (sampler=iolens.data.BlockShuffleSampler("
+            "dataset, batch_size), with __getitems__ reading a batch in one request, as "
+            "iolens.data.LMDBDataset and HDF5Dataset do), or HDF5 chunks of a batch; the "
+            "data is packed already")
 
 
 def _pack_action(iterable: bool) -> str:
@@ -859,7 +951,10 @@ def _pack_action(iterable: bool) -> str:
 
 
 def _where(v: Verdict) -> str:
-    return str(v.storage[0]["mount"]) if v.storage else "PATH"
+    """The dataset's folder to probe: its first folder, else its mount."""
+    top = v.storage[0]
+    folders = top.get("folders") or []
+    return str(folders[0] if folders and isinstance(folders[0], str) else top["mount"])
 
 
 def _mb(probe: dict[str, Any] | None) -> str:
@@ -909,9 +1004,10 @@ def _waits_on_storage(pipe: Pipeline, win: Sequence[dict[str, Any]],
 
     It must read the dataset. On FUSE or NFS (the mount the most files were opened
     on) that is enough: those reads are what blocks. On a block device, the device
-    must be slow (r_await) or the job's processes blocked on I/O (state D) in most
-    samples, as under a throttle above the device; a fetch that sleeps or waits on a
-    lock or a remote call sits in state S beside a fast device.
+    must be slow (r_await), busy (rules.BLOCKED_DEVICE_UTIL), or the job's processes
+    blocked on I/O (state D) in most samples, as under a throttle above the device; a
+    fetch that sleeps or waits on a lock or a remote call sits in state S beside a fast,
+    idle device.
     """
     if not reads_dataset(pipe, storage):
         return False
@@ -920,8 +1016,9 @@ def _waits_on_storage(pipe: Pipeline, win: Sequence[dict[str, Any]],
         return True
     if d_share >= rules.D_STATE_SHARE:
         return True
-    return top is not None and any(device_load(win, d).r_await >= rules.AWAIT_SLOW_MS
-                                   for d in top.get("disks") or [])
+    loads = [device_load(win, d) for d in (top.get("disks") or [])] if top is not None else []
+    return any(x.r_await >= rules.AWAIT_SLOW_MS or x.util >= rules.BLOCKED_DEVICE_UTIL
+               for x in loads)
 
 
 def _handover_share(pipe: Pipeline, win: Sequence[dict[str, Any]]) -> float:
@@ -1051,6 +1148,105 @@ def _storage_from_inside(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any
         v.offer(cache)
 
 
+def _peer_figures(win: Sequence[dict[str, Any]], key: str) -> list[tuple[dict[str, Any], float]]:
+    return [(d, _secs(r)) for r in win
+            if isinstance(d := (r.get("storage") or {}).get(key), dict)]
+
+
+def net_scaling(figs: Sequence[tuple[dict[str, Any], float]]) -> str | None:
+    """Whether a network store gives more bytes a second to more connections at once:
+    ``latency`` (it does: each request waits on the store's answer), ``capped`` (it does
+    not: the store, or the link, caps the throughput), or None when the run's intervals
+    do not tell (fewer than two levels of connections, each seen in
+    rules.NET_SCALING_INTERVALS intervals or more)."""
+    by: dict[int, list[float]] = {}
+    for d, _ in figs:
+        n = int(_num(d, "connections"))
+        if n >= 1:
+            by.setdefault(n, []).append(_num(d, "rx_bytes_s"))
+    levels = sorted(n for n, xs in by.items() if len(xs) >= rules.NET_SCALING_INTERVALS)
+    if len(levels) < 2:
+        return None
+    lo, hi = levels[0], levels[-1]
+    rx_lo, rx_hi = statistics.mean(by[lo]), statistics.mean(by[hi])
+    if rx_lo <= 0:
+        return None
+    more = hi / lo - 1  # (the share more connections: 1 = twice as many)
+    gain = rx_hi / rx_lo - 1
+    if gain <= rules.NET_CAPPED_GAIN * more:
+        return "capped"
+    if gain >= rules.NET_LATENCY_GAIN * more:
+        return "latency"
+    return None
+
+
+def _network_store(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]],
+                   where: dict[str, Any], load: DeviceLoad | None, *, share: float,
+                   when: str, ceiling: str, workers: int) -> None:
+    """storage-bound on a store the job reads over the network (NOTE [network storage]
+    in iolens/recorder/network.py). A store whose own disk is saturated (a server on this
+    machine), or whose bytes a second do not grow with the connections open, caps the
+    throughput: more workers only add requests to its queue. One that gives more to more
+    connections answers slowly: more requests in flight help."""
+    v.cls = "storage-bound"
+    name = str(where.get("mount"))
+    figs = _peer_figures(win, str(where.get("peer") or ""))
+    secs = sum(s for _, s in figs) or 1.0
+    rx = sum(_num(d, "rx_bytes_s") * s for d, s in figs) / secs
+    conns = sum(_num(d, "connections") * s for d, s in figs) / secs
+    new = sum(_num(d, "new_connections_s") * s for d, s in figs) / secs
+    server = (f", served by {where.get('server') or 'a process'} (pid {where['server_pid']}) "
+              "on this machine" if where.get("server_pid") else "")
+    v.evidence.append(f"the fetch blocks off CPU while it reads the dataset over the network "
+                      f"from {name}{server}: {rx / 2**20:.1f} MB/s received on {conns:.1f} "
+                      f"connections open on average, {new:.1f} new a second{when}")
+    scaling = net_scaling(figs)
+    why: str | None = None
+    if load is not None:
+        v.devices = [load.name]
+        word = "saturated" if load.util >= rules.UTIL_SATURATED else "slow"
+        v.evidence.append(f"the store reads the data from {load.name}, {word}: {load.util:.0f}% "
+                          f"util, r_await {load.r_await:.1f} ms, {load.rMB_s:.1f} MB/s")
+        why = f"the store's disk {load.name} is {word}"
+    elif scaling == "capped":
+        why = ("the store gave no more bytes a second to more connections at once: it caps "
+               "the throughput")
+    elif scaling == "latency":
+        v.evidence.append("the store gave more bytes a second to more connections at once: "
+                          "it answers slowly rather than capping the throughput")
+    v.evidence.append(fetch_text(pipe))
+    v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
+    cache = v.fix(
+        "copy the dataset near the job before training (local NVMe or /dev/shm), or read "
+        "it through a cache on this machine",
+        f"every epoch fetches it again from {name}", ceiling, {"storage": "ram"},
+        pm.cached(), basis=["if the dataset fits the local copy: no request reaches the store"])
+    target = v.model.workers_to_next_limit() if v.model is not None else None
+    more = target or (max(2 * workers, workers + 2) if workers else 4)
+    if why is not None:
+        v.evidence.append(why + ": more requests in flight are not served faster")
+        _store_limited(v, _samples_per_s(v))
+        v.offer(cache)
+        v.recommendations.append(v.fix(
+            f"do not add DataLoader workers: {why}", "more requests in flight are not "
+            "served faster", "none", {"num_workers": more}, pm.more_workers(more),
+            basis=[f"{more} workers"]))
+    elif scaling == "latency":
+        v.offer(_raise_workers(v, workers, more, "the store answers slowly: more requests in "
+                               "flight are served about as fast each", ceiling))
+        v.offer(cache)
+    else:
+        v.offer(cache)
+        rec = _raise_workers(v, workers, more, "each worker waits on the store one request "
+                             "at a time", ceiling)
+        rec.action = ("if the store answers each request slowly rather than capping its "
+                      "throughput, keep more requests in flight: " + rec.action)
+        if rec.prediction is not None:
+            rec.prediction.basis.insert(0, "if the store's latency, not a cap on its "
+                                           "throughput, sets the pace (not told by this run)")
+        v.offer(rec)
+
+
 def _fuse_waiting(win: Sequence[dict[str, Any]], mount: str) -> float | None:
     vals = [(_num(d, "waiting"), _secs(r)) for r in win
             if isinstance(d := (r.get("storage") or {}).get(mount), dict)
@@ -1088,7 +1284,8 @@ def _handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *
         f"the workers are idle {(pipe.worker_idle_share or 0) * 100:.0f}% of their time",
         "none from more workers", {"num_workers": more}, pm.more_workers(more),
         basis=[f"{more} workers"]))
-    if start_s > 0 and wait > 0 and start_s / wait >= 0.25:
+    if start_s > 0 and wait > 0 and start_s / wait >= 0.25 and not v.already(
+            "persistent_workers", True):
         v.offer(v.fix(
             "set persistent_workers=True, so that each epoch does not start its workers anew",
             "the epochs' first batches wait for new workers", "the epoch starts' wait",
@@ -1333,13 +1530,26 @@ def _noisy_neighbors(timed: Sequence[dict[str, Any]]) -> list[Finding]:
                           + _num((r.get("devices") or {}).get(lp) or {}, "wkB_s")) * 1024
                          * _secs(r) for lp in loops if lp != name)
             jr, jw = _job_bytes([r])
-            if (jr + jw + looped) / dev_bytes < rules.JOB_SHARE_OWN:
+            if (jr + jw + looped + _helper_bytes([r])) / dev_bytes < rules.JOB_SHARE_OWN:
                 hit.append(r)
         if hit and _span(hit) >= rules.NEIGHBOR_SHARE_OF_TIME * span:
             load = device_load(hit, name)
             jr, jw = _job_bytes(hit)
             dev_bytes = (load.rkB_s + load.wkB_s) * 1024 * load.secs
             own = (jr + jw) / dev_bytes if dev_bytes else 0.0
+            # A helper's reads (a local server's, a FUSE daemon's) reach its counters an
+            # interval early or late: the intervals where they look low are picked by
+            # that. Over all the busy intervals they must leave room for a neighbour.
+            busy = [r for r in timed
+                    if _num((r.get("devices") or {}).get(name) or {}, "util")
+                    >= rules.NEIGHBOR_UTIL]
+            helped = _helper_bytes(busy)
+            if helped:
+                b = device_load(busy, name)
+                all_bytes = (b.rkB_s + b.wkB_s) * 1024 * b.secs
+                if all_bytes and (sum(_job_bytes(busy)) + helped) / all_bytes >= (
+                        rules.JOB_SHARE_OWN):
+                    continue
             w = _window(hit, "noisy-neighbor")
             out.append(Finding("noisy-neighbor", [
                 f"{name} {load.util:.0f}% util, {load.rMB_s:.1f} MB/s read and "
@@ -1418,10 +1628,45 @@ def _epoch_start(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
     if (mean_start < rules.EPOCH_START_RATIO * max(median_wait, 1e-6)
             or starts_sum / step_total < rules.EPOCH_START_SHARE):
         return []
-    return [Finding("epoch-start-stall", [
+    cache = next((x for x in v.storage if x.get("role") == "cache"), None)
+    if starts_n < 2 and cache is None:
+        return []  # (the run's one start: no epoch repeats it; cold-start tells its wait)
+    evidence = [
         f"the first batch of each epoch waited {mean_start * 1000:.0f} ms on average over "
-        f"{int(starts_n)} epochs, against a median wait of {median_wait * 1000:.1f} ms; "
-        f"{starts_sum / step_total * 100:.1f}% of the step time in all"], None, [
+        f"{int(starts_n)} epoch{'s' if starts_n != 1 else ''}, against a median wait of "
+        f"{median_wait * 1000:.1f} ms; {starts_sum / step_total * 100:.1f}% of the step "
+        "time in all"]
+    if cache is not None:
+        # A streaming library copies the data into a cache it then reads: the first
+        # batches wait for the copy (NOTE [storage roles] in iolens/recorder/storage.py).
+        source = next((x for x in v.storage if x.get("role") == "source"), None)
+        copied = sum(_num(((r.get("job") or {}).get("roles") or {}).get(role), "wchar_s")
+                     * _secs(r) for r in timed for role in ("worker", "main"))
+        secs = _span(timed) or 1.0
+        evidence.append(
+            f"the job copies the data into a cache on {cache['mount']}"
+            + (f" from {source['mount']}" if source else "")
+            + f": {copied / 2**20:.0f} MB written at {copied / secs / 2**20:.1f} MB/s, which "
+            "the first batches wait for")
+        return [Finding("epoch-start-stall", evidence, None, [Recommendation(
+            "fill the cache before training (copy or prefetch the data into "
+            f"{cache['mount']} first), or read it near the job from the start",
+            "the first batches wait for the copy into the cache",
+            f"up to {starts_sum / step_total * 100:.1f}% of the step time", None,
+            "what the copy costs the first batches is not timed apart")])]
+    if v.already("persistent_workers", True):
+        # The workers persist: what the first batch waits for is their first work (a
+        # cache the library fills, files and connections opened at the first sample).
+        evidence.append("the workers persist (persistent_workers=True): the wait is their "
+                        "first work, not their start")
+        return [Finding("epoch-start-stall", evidence, None, [Recommendation(
+                "make the first batch cheap: open the dataset's files and connections when "
+                "the Dataset is made, and fill a streaming library's local cache before "
+                "training (or copy the data near the job)",
+                "the workers persist, yet each epoch's first batch waits",
+                f"up to {starts_sum / step_total * 100:.1f}% of the step time", None,
+                "what the first batch does is not timed apart")])]
+    return [Finding("epoch-start-stall", evidence, None, [
         v.fix("set persistent_workers=True (workers and their state survive the "
               "epoch) and keep prefetch_factor at 2 or more",
               "workers start anew each epoch",
