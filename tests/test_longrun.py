@@ -143,3 +143,28 @@ def test_a_bucket_sums_the_stage_figures_and_the_verdict_keeps_them() -> None:
             bk.add(r)
         buckets.append(bk.record())
     assert diagnose(buckets, META).cls == diagnose(records, META).cls == "handover-bound"
+
+
+def test_a_bucket_keeps_the_storage_figures() -> None:
+    """A network store's bytes and a local server's reads, and a FUSE mount's queue, reach a
+    long run's buckets as time-weighted means: the bytes per sample and the verdict's
+    helper reads rest on them."""
+    records = []
+    for i in range(10):
+        r = rec(i, secs=0.5 if i % 2 else 1.0)
+        r["storage"] = {"127.0.0.1:80": {"connections": i % 3, "rx_bytes_s": 1e6 * i,
+                                         "server_read_bytes_s": 2e6},
+                        "/mnt/s3": {"waiting": 4.0}}
+        records.append(r)
+    a, b = Bucket(), Bucket()
+    for r in records[:4]:
+        a.add(r)
+    for r in records[4:]:
+        b.add(r)
+    b.merge(a)
+    st = b.record()["storage"]
+    secs = sum(r["interval_s"] for r in records)
+    rx = sum(1e6 * i * r["interval_s"] for i, r in enumerate(records))
+    assert st["127.0.0.1:80"]["rx_bytes_s"] == pytest.approx(rx / secs)
+    assert st["127.0.0.1:80"]["server_read_bytes_s"] == pytest.approx(2e6)
+    assert st["/mnt/s3"] == {"waiting": pytest.approx(4.0)}

@@ -361,6 +361,9 @@ class Bucket:
     world: int = 0
     gpu: dict[int, list[float]] = field(default_factory=dict)
     gpu_ext: dict[int, _Ext] = field(default_factory=dict)
+    store: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per storage entry (a FUSE mount, a network peer): its figures times seconds, and
+    ``_s``: the seconds they cover."""
 
     def add(self, r: dict[str, Any]) -> None:
         """Fold one interval record in.
@@ -381,6 +384,16 @@ class Bucket:
         seq = r.get("seq")
         if isinstance(seq, int) and (self.seq is None or seq < self.seq):
             self.seq = seq
+        st = r.get("storage")
+        if st:
+            for key, d in st.items():
+                acc = self.store.get(key)
+                if acc is None:
+                    acc = self.store[key] = {"_s": 0.0}
+                acc["_s"] += s
+                for k, v in d.items():
+                    if v is not None:
+                        acc[k] = acc.get(k, 0.0) + v * s
         devs = r.get("devices")
         if devs:
             for name, d in devs.items():
@@ -596,6 +609,10 @@ class Bucket:
             else:
                 self.ranks[rank] = [have[0] + a[0], have[1] + a[1], have[2] + a[2], have[3]]
         self.world = max(self.world, o.world)
+        for key, fig in o.store.items():
+            sums = self.store.setdefault(key, {})
+            for k, x in fig.items():
+                sums[k] = sums.get(k, 0.0) + x
         for idx, a in o.gpu.items():
             if idx in self.gpu:
                 m = self.gpu[idx]
@@ -679,6 +696,9 @@ class Bucket:
                               for rank, a in self.ranks.items()}
             train["world_size"] = self.world
         rec["train"] = train
+        if self.store:
+            rec["storage"] = {key: {k: v / (d.get("_s") or 1.0) for k, v in d.items()
+                                    if k != "_s"} for key, d in self.store.items()}
         if self.gpu:
             gpus = []
             for idx, a in sorted(self.gpu.items()):
