@@ -5,7 +5,10 @@ iolens, and everything that writes or reads a run (the training side in the
 job's processes, the recorder, the sinks, the analysis) imports it. The
 binary timing records of ``timing/<pid>.bin`` are :mod:`iolens.rundir.records`;
 the record schema is SCHEMA_VERSION below (2 adds ``train.pipeline`` and
-``storage``; schema 1 runs read as before).
+``storage``; 3 adds the network peers to ``storage``, keyed ``IP:PORT``, with
+``connections``, ``new_connections_s``, ``rx_bytes_s`` and a local server's
+``server_cpu_pct`` and ``server_read_bytes_s``, and a FUSE daemon's
+``daemon_read_bytes_s``; older runs read as before).
 
 Each line is written with a single ``write`` on an O_APPEND descriptor, so
 a run killed at any moment leaves a file every complete line of which
@@ -36,7 +39,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 RECORDS = "records.jsonl"
 META = "meta.json"
 STORAGE_PROBE = "storage_probe.json"
