@@ -84,6 +84,29 @@ def test_monitor_records_the_script_and_its_loaders(tmp_path: Path) -> None:
     assert recs[0]["job"]["cpu_pct"] < 100, recs[0]["job"]
 
 
+def test_monitor_twice_into_one_folder_never_mixes_the_runs(tmp_path: Path) -> None:
+    """The same script run twice with the same out: the first run stays as it was, the
+    second is recorded beside it (OUT-2) and says so; its verdict is its own."""
+    code = textwrap.dedent("""
+        import sys, time, iolens
+        with iolens.monitor(out=sys.argv[1], interval=0.1):
+            for _ in iolens.instrument(range(8)):
+                time.sleep(0.05)
+    """)
+    run = tmp_path / "run"
+    first = run_script(tmp_path, code, str(run))
+    assert first.returncode == 0, first.stderr
+    meta1, recs1 = load_run(run)
+    second = run_script(tmp_path, code, str(run))
+    assert second.returncode == 0, second.stderr
+    assert f"{run} already holds a run; recording to {run}-2 instead" in second.stderr
+    assert load_run(run) == (meta1, recs1)  # untouched
+    meta2, recs2 = load_run(tmp_path / "run-2")
+    assert [r["seq"] for r in recs2] == list(range(len(recs2)))  # one run, from 0
+    assert sum(r["train"]["batches"] for r in recs2) == 8
+    assert meta2["start"] != meta1["start"]
+
+
 def test_monitor_of_a_script_that_dies_keeps_its_records(tmp_path: Path) -> None:
     code = textwrap.dedent("""
         import os, sys, time, iolens

@@ -28,7 +28,7 @@ from typing import IO, Any, Generic, TypeVar
 
 from iolens._errors import IolensError, StatsUnavailableError, UnknownDeviceError
 from iolens.core.rates import MAX_INTERVAL_S, MIN_INTERVAL_S, device_rates, interval_cs
-from iolens.rundir import META, default_run_dir
+from iolens.rundir import META, RECORDS, default_run_dir
 from iolens.sources.devmap import device_for_path
 from iolens.sources.disk import DiskSampler
 from iolens.training import _hooks
@@ -90,6 +90,12 @@ class Monitor:
             return self
         argv = sys.argv if sys.argv and sys.argv[0] else [sys.executable]
         path = self._out or default_run_dir("iolens-runs", [sys.executable, *argv[:1]])
+        if _holds_run(path):
+            # Never mixed into the run already there (its verdict would span both), nor
+            # refused: an exception here would stop the training. A fresh folder beside.
+            taken = path
+            path = _beside(path)
+            self._say(f"{taken} already holds a run; recording to {path} instead")
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as exc:
@@ -224,6 +230,30 @@ def _wait_ready(proc: subprocess.Popen[bytes], timeout: float) -> bool:
     return line.strip() == b"ready"
 
 
+def _holds_run(path: str) -> bool:
+    """Whether ``path`` holds a run already (its records; a symlink there is none)."""
+    held = os.path.join(path, RECORDS)
+    return os.path.isfile(held) and not os.path.islink(held)
+
+
+def _beside(path: str) -> str:
+    """The first of ``PATH-2``, ``PATH-3`` ... that holds no run, made now (a mkdir that
+    fails when the name is taken, so two processes never share one)."""
+    base = path.rstrip(os.sep) or path
+    for n in range(2, 10_000):
+        candidate = f"{base}-{n}"
+        try:
+            os.mkdir(candidate)
+        except FileExistsError:
+            if not _holds_run(candidate) and not os.listdir(candidate):
+                return candidate
+            continue
+        except OSError:
+            return candidate  # (the caller's makedirs reports why it cannot be made)
+        return candidate
+    return tempfile.mkdtemp(prefix="iolens-run-")
+
+
 def _forget_in_children(proc: subprocess.Popen[bytes]) -> None:
     """Close the pipe to the sidecar in forked children (DataLoader workers).
 
@@ -249,7 +279,9 @@ def monitor(out: str | os.PathLike[str] | None = None, interval: float = 1.0,
             wandb: bool = False) -> Monitor:
     """Record this process as ``iolens run`` would: ``with iolens.monitor(): train()``.
 
-    ``out`` is the run directory (default ``iolens-runs/<time>-<script>``),
+    ``out`` is the run directory (default ``iolens-runs/<time>-<script>``; one that
+    holds a run already is left as it is, and the recording goes to ``OUT-2``, the
+    first such folder free, which the first line names),
     ``interval`` the sampling period in seconds (0.05 to 60), ``paths`` the
     paths whose devices to watch besides the current directory's and those
     the job opens, ``devices`` device names to watch as well. With
