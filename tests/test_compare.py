@@ -341,7 +341,8 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     assert iolens("compare", str(run)).returncode == 2
     untimed = write_run(tmp_path / "untimed", [rec(i, batches=0) for i in range(30)], {})
     assert iolens("compare", str(run), str(untimed)).returncode == 0  # nothing to gate
-    gated = iolens("compare", str(run), str(untimed), "--fail-on", "step-time:5%")
+    gated = iolens("compare", str(run), str(untimed), "--fail-on", "step-time:5%",
+                   "--allow-failed")
     assert gated.returncode == 2 and "not measured in NEW" in gated.stderr
 
 
@@ -435,7 +436,8 @@ def test_figures_of_different_kinds_say_so_next_to_them(tmp_path: Path) -> None:
 def test_a_bound_a_run_cannot_give_exits_2_and_says_why(tmp_path: Path) -> None:
     base = timed_run(tmp_path / "base")
     untimed = write_run(tmp_path / "untimed", [rec(i, batches=0) for i in range(30)], {})
-    out = iolens("compare", str(base), str(untimed), "--fail-on", "step-time:5%")
+    out = iolens("compare", str(base), str(untimed), "--fail-on", "step-time:5%",
+                 "--allow-failed")
     assert out.returncode == 2, out.stdout + out.stderr
     assert "no bound crossed" not in out.stdout + out.stderr
     assert "result: cannot judge step-time:5%" in " ".join(out.stdout.split())
@@ -445,7 +447,7 @@ def test_a_bound_a_run_cannot_give_exits_2_and_says_why(tmp_path: Path) -> None:
     assert "not measured in NEW" in lines[0] and "no timed DataLoader batches" in lines[0]
     assert "`iolens run`" in lines[0]
     js = iolens("compare", str(base), str(untimed), "--format", "json",
-                "--fail-on", "step-time:5%", "--strict")
+                "--fail-on", "step-time:5%", "--strict", "--allow-failed")
     assert js.returncode == 2, js.stderr
     o = json.loads(js.stdout)
     assert o["fail_on"][0]["status"] == "no-data" and o["regressed"] is False
@@ -521,3 +523,26 @@ def test_batches_read_as_the_report_reads_them(real_runs: dict[str, Path]) -> No
     assert len(thin.steps) <= 20
     cmp = C.compare_runs(load_run(run), load_run(str(real_runs["slow"])), cap=20)
     assert any("one in every" in w for w in cmp.warnings)
+
+
+@pytest.mark.parametrize(("meta", "batches", "why"), [
+    ({"cpus": 8, "exit_code": 1}, 10, "its job exited with code 1"),
+    ({"cpus": 8, "notes": ["the recording did not finish, or is still going on: iolens was "
+                           "stopped"]}, 10, "its recording did not finish"),
+    ({"cpus": 8, "exit_code": 0}, 0, "it timed no batch and marked no step"),
+])
+def test_a_new_run_that_did_not_finish_cleanly_fails_the_gate(
+        tmp_path: Path, meta: dict[str, Any], batches: int, why: str) -> None:
+    """A crashed NEW (the review's: exit 1 at step 150 passed with "no bound crossed") fails
+    the gate with its own message and exit 3, whatever its figures; --allow-failed judges
+    them anyway."""
+    base = noisy_run(tmp_path / "base", seed=1)
+    new = write_run(tmp_path / "new", [rec(i, batches=batches) for i in range(30)], meta)
+    out = iolens("compare", str(base), str(new), "--fail-on", "step-time:5%")
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert f"iolens compare: NEW did not finish cleanly: {why}" in out.stderr
+    assert iolens("compare", str(base), str(new)).returncode == 0  # no gate: a comparison
+    allowed = iolens("compare", str(base), str(new), "--fail-on", "step-time:5%",
+                     "--allow-failed", "--format", "json")
+    assert allowed.returncode in (0, 1, 2) and json.loads(allowed.stdout)["new_failed"]
+    assert why in json.loads(allowed.stdout)["new_failed"]

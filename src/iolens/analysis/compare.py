@@ -845,6 +845,31 @@ def compare_runs(base: RunData, new: RunData, *, resamples: int = RESAMPLES,
     return Comparison(side_b, side_n, source, results, warnings, resamples, seed, proof)
 
 
+UNFINISHED_MARK = "the recording did not finish"
+"""The start of the note a run's first meta.json carries until the final one replaces it
+(iolens.job.run.UNFINISHED)."""
+
+
+def unfinished(run: RunData) -> str | None:
+    """Why ``run`` did not finish cleanly, or None when it did: its job exited non-zero,
+    its recording was cut short (iolens stopped before the job), or it timed no batch and
+    marked no step. A gate must not pass such a run as "no regression"."""
+    meta = run.meta
+    code = meta.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+        return f"its job exited with code {code}"
+    notes = meta.get("notes") or []
+    if isinstance(notes, list) and any(isinstance(n, str) and n.startswith(UNFINISHED_MARK)
+                                       for n in notes):
+        return "its recording did not finish (iolens was stopped before the job ended)"
+    timed = sum(_num(r.get("train"), "batches") for r in run.records)
+    marks = sum(_num(_dict(_dict(r.get("train")).get("step")), "count") for r in run.records
+                if _dict(r.get("train")).get("step_source") == "marks")
+    if not timed and not marks:
+        return "it timed no batch and marked no step"
+    return None
+
+
 def _mark_mixed(base: RunSide, new: RunSide) -> None:
     """Say, next to both runs' distributions, that their p50 and p95 are not of one kind."""
     exact, approx = ("BASE", "NEW") if base.source == BATCHES else ("NEW", "BASE")

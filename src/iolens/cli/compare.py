@@ -46,10 +46,16 @@ A bound that cannot be judged because a run lacks its figure (no timed
 DataLoader batches: record the run under `iolens run`) is named on stderr
 and exits 2, unless another bound is crossed (exit 1).
 
+A NEW run that did not finish cleanly (its job exited non-zero, its
+recording was cut short, or it timed no batch) fails the gate before any
+bound is judged, with its own message and exit code 3: a crash is no
+regression to measure, and no pass either. --allow-failed judges it anyway.
+
 exit codes: 0 no bound crossed (or none given), 1 a bound crossed (with
 --strict: or one whose runs are too short to tell), 2 bad input or cannot
 judge (no run at BASE or NEW, an empty run, a bad --fail-on, or a bound on
-step figures of a run without timed batches)
+step figures of a run without timed batches), 3 with --fail-on: NEW did not
+finish cleanly
 
 examples:
   iolens compare runs/before runs/after
@@ -63,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="iolens compare",
         usage="iolens compare BASE NEW [--format text|json] [--fail-on METRIC:N%%[,...]] "
-              "[--strict]",
+              "[--strict] [--allow-failed]",
         description="Compare two recorded runs: throughput, step time, data wait, device "
                     "load and verdict side by side, with whether each difference is real "
                     "given the runs' noise; fail on a regression.",
@@ -78,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "crossed only when the regression is also real, not noise")
     p.add_argument("--strict", action="store_true",
                    help="a bound that cannot be judged (runs too short) fails the gate too")
+    p.add_argument("--allow-failed", action="store_true",
+                   help="judge the bounds even when NEW did not finish cleanly (by default "
+                        "that fails the gate, exit 3)")
     return p
 
 
@@ -94,12 +103,16 @@ def run(ns: argparse.Namespace) -> int:
             print(f"iolens compare: --fail-on: {exc}", file=sys.stderr)
             return 2
     try:
-        cmp = compare.compare_runs(load_run(ns.base), load_run(ns.new))
+        new = load_run(ns.new)
+        cmp = compare.compare_runs(load_run(ns.base), new)
     except IolensError as exc:
         print(f"iolens compare: {exc}", file=sys.stderr)
         return 2
     gate = compare.evaluate_gate(cmp.metrics, bounds)
     obj = compare.to_dict(cmp, gate, strict=ns.strict)
+    failed = compare.unfinished(new) if bounds else None
+    if failed is not None:
+        obj["new_failed"] = failed
     if ns.format == "json":
         text = json.dumps(obj, indent=2, allow_nan=False) + "\n"
     else:
@@ -114,6 +127,10 @@ def run(ns: argparse.Namespace) -> int:
         print(f"iolens compare: cannot write standard output: {exc.strerror or exc}",
               file=sys.stderr)
         return 2
+    if failed is not None and not ns.allow_failed:
+        print(f"iolens compare: NEW did not finish cleanly: {failed}; the gate fails "
+              "(--allow-failed judges its figures anyway)", file=sys.stderr)
+        return 3
     for g in gate:
         if g.status == "too-short":
             print(f"iolens compare: warning: {g.bound.text()} cannot be judged: {g.reason}"
