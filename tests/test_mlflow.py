@@ -4,6 +4,7 @@ and the report artifact, in a new run, or in the run the script started itself."
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -93,6 +94,12 @@ def check_run(client: Any, run_id: str, run_dir: Path) -> None:
         history = client.get_metric_history(run_id, key)
         assert len(history) > 1, (key, history)
         assert len({m.step for m in history}) == len(history)
+    # The last value (what a run table shows) is the whole run's, not its last interval's.
+    summary = json.loads((run_dir / "meta.json").read_text())["summary"]
+    assert run.data.metrics["iolens.steps_per_s"] == pytest.approx(
+        summary["verdict"]["figures"]["steps_per_s"], rel=1e-3)
+    assert run.data.metrics["iolens.data_wait_share"] == pytest.approx(
+        summary["data_wait_share"], rel=1e-3)
     fetch = client.get_metric_history(run_id, "iolens.fetch_ms")
     assert any(m.value >= 9 for m in fetch), fetch  # 10 ms sleeps, timed in the worker
     arts = [a.path for a in client.list_artifacts(run_id, "iolens")]

@@ -506,3 +506,18 @@ def test_a_plain_iterable_is_not_told_to_raise_num_workers() -> None:
     assert "not a torch DataLoader" in v.evidence[0]
     assert not any("num_workers from" in r.action for r in v.recommendations)
     assert "IterableDataset" in v.recommendations[0].action
+
+
+def test_counts_agree_with_their_nouns() -> None:
+    from iolens.core.words import plural
+
+    assert [plural(1, "epoch"), plural(2, "epoch"), plural(0, "batch", "batches")] == [
+        "1 epoch", "2 epochs", "0 batches"]
+    assert plural(1.0, "DataLoader worker") == "1 DataLoader worker"
+    v = diagnose(run_of(wait=0.05, step=0.1, workers=1, worker_cpu=10.0), META)
+    assert v.cls == "loader-starved" and v.evidence[0].startswith(
+        "1 DataLoader worker at 10% of a core each"), v.evidence
+    # a worker too short-lived to be sampled is still counted from the loader's settings
+    v = diagnose(run_of(wait=0.05, step=0.1, workers=0),
+                 {**META, "loaders": [{"num_workers": 2}]})
+    assert v.evidence[0].startswith("2 DataLoader workers asked for, none seen"), v.evidence

@@ -137,6 +137,11 @@ def check_run(run: Run, run_dir: Path) -> None:
         steps = [h["_step"] for h in points]
         assert steps == sorted(set(steps)), steps
     assert any(h["iolens.fetch_ms"] >= 9 for h in run.history if "iolens.fetch_ms" in h)
+    # The summary's figures are the whole run's, not its last interval's.
+    summary = json.loads((run_dir / "meta.json").read_text())["summary"]
+    assert s["iolens.steps_per_s"] == pytest.approx(
+        summary["verdict"]["figures"]["steps_per_s"], rel=1e-3)
+    assert s["iolens.data_wait_share"] == pytest.approx(summary["data_wait_share"], rel=1e-3)
     assert run.run.job_type == "iolens" and run.run.display_name == run_dir.name
     assert run.exit_code == 0
     [art] = run.artifacts

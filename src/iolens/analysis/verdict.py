@@ -31,6 +31,7 @@ from iolens.analysis import model as pm
 from iolens.analysis import rules
 from iolens.analysis.model import Model, Prediction
 from iolens.analysis.pipeline import Pipeline, dataset_cached, dataset_mapped, pipeline
+from iolens.core.words import plural
 
 PRIMARY_CLASSES = ("compute-bound", "storage-bound", "cpu-bound-input", "loader-starved",
                    "handover-bound", "write-stall")
@@ -560,7 +561,7 @@ def _steps_only(marked: Sequence[dict[str, Any]], marks: int, figures: dict[str,
                     "step_p50_s": round(statistics.median(p50s), 6) if p50s else None,
                     "steps_per_s": round(marks / step_s, 3) if step_s > 0 else None})
     rate = figures["steps_per_s"]
-    evidence = [f"{marks} steps marked with iolens.step()"
+    evidence = [f"{plural(marks, 'step')} timed between calls of iolens.step()"
                 + (f", {rate:.2f} steps/s" if rate else "")
                 + (f", median step {figures['step_p50_s'] * 1000:.1f} ms"
                    if figures["step_p50_s"] else "")
@@ -613,7 +614,8 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
     job_read, _ = _job_bytes(win)
     job_read += _helper_bytes(win)
     workers, worker_cpu = _workers(win)
-    declared = max((int(_num(_train(r), "num_workers")) for r in timed), default=0)
+    declared = max([int(_num(_train(r), "num_workers")) for r in timed]
+                   + [int(_num(d, "num_workers")) for d in v.loaders], default=0)
     plain = (not declared and any(_train(r).get("iterable_loader") is True for r in timed))
     unseen = workers == 0 and declared > 0  # short-lived workers between two samples
     workers = max(workers, declared) if unseen else workers
@@ -684,8 +686,8 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         v.cls = "cpu-bound-input"
         free = cpus * (idle or 0.0) / 100 if cpus else 0.0
         if workers:
-            v.evidence.append(f"{workers} DataLoader workers at {worker_cpu:.0f}% of a core "
-                              f"each{when}")
+            v.evidence.append(f"{plural(workers, 'DataLoader worker')} at {worker_cpu:.0f}% "
+                              f"of a core each{when}")
         if idle is not None:
             v.evidence.append(f"the machine's CPUs {100 - idle:.0f}% busy"
                               + (f" ({free:.1f} of {cpus} cores free)" if cpus else ""))
@@ -715,12 +717,13 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
     else:
         v.cls = "loader-starved"
         if unseen:
-            v.evidence.append(f"{workers} DataLoader workers asked for, none seen at work in "
+            v.evidence.append(f"{plural(workers, 'DataLoader worker')} asked for, none seen at "
+                              "work in "
                               f"the samples (each lives shorter than an interval), "
                               f"{storage}{when}")
         elif workers:
-            v.evidence.append(f"{workers} DataLoader workers at {worker_cpu:.0f}% of a core "
-                              f"each, {storage}{when}")
+            v.evidence.append(f"{plural(workers, 'DataLoader worker')} at {worker_cpu:.0f}% "
+                              f"of a core each, {storage}{when}")
         elif plain:
             v.evidence.append("the loop iterates a loader that is not a torch DataLoader "
                               "(wrapped with iolens.instrument()): each batch is made in the "
@@ -1265,7 +1268,8 @@ def _handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *
     hand = pipe.handover_s_per_batch
     starts = [_train(r).get("epoch_start_wait") for r in win]
     start_s = sum(_num(x, "sum_s") for x in starts if isinstance(x, dict))
-    v.evidence.append(f"{workers} DataLoader workers idle {(pipe.worker_idle_share or 0) * 100:.0f}"
+    v.evidence.append(f"{plural(workers, 'DataLoader worker')} idle "
+                      f"{(pipe.worker_idle_share or 0) * 100:.0f}"
                       f"% of their time: they have the batches ready before the loop asks"
                       f"{when}")
     parts = []
@@ -1275,6 +1279,8 @@ def _handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *
                      f"the wait")
     if start_s > 0 and wait > 0:
         parts.append(f"the epochs' first batches {start_s / wait * 100:.0f}% of it")
+        if hand is not None and batches and (hand * batches + start_s) > wait:
+            parts[-1] += " (the two overlap: a first batch is handed over too)"
     v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data"
                       + (": " + "; ".join(parts) if parts else ""))
     v.evidence.append(fetch_text(pipe))
@@ -1633,7 +1639,7 @@ def _epoch_start(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
         return []  # (the run's one start: no epoch repeats it; cold-start tells its wait)
     evidence = [
         f"the first batch of each epoch waited {mean_start * 1000:.0f} ms on average over "
-        f"{int(starts_n)} epoch{'s' if starts_n != 1 else ''}, against a median wait of "
+        f"{plural(starts_n, 'epoch')}, against a median wait of "
         f"{median_wait * 1000:.1f} ms; {starts_sum / step_total * 100:.1f}% of the step "
         "time in all"]
     if cache is not None:

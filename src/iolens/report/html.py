@@ -34,6 +34,7 @@ from typing import Any
 
 from iolens._errors import IolensError
 from iolens.analysis.verdict import clock
+from iolens.core.words import plural
 
 MAX_POINTS = 2000
 """Most points per series drawn in a chart; longer runs are bucketed."""
@@ -666,7 +667,8 @@ def _tables_section(report: dict[str, Any]) -> str:
     tr = _d(report.get("training"))
     figures = _d(_d(report.get("verdict")).get("figures"))
     if not tr.get("batches") and figures.get("steps"):
-        parts.append(f'<p>training: {_e(figures.get("steps"))} steps marked with iolens.step(), '
+        parts.append(f'<p>training: {_e(plural(figures.get("steps") or 0, "step"))} timed '
+                     'between calls of iolens.step(), '
                      f'{_e(_f(figures.get("steps_per_s"), ".2f"))} steps/s, median step '
                      f'{_e(_ms_text(figures.get("step_p50_s")))} ms; no batch timed</p>')
     else:
@@ -677,7 +679,8 @@ def _tables_section(report: dict[str, Any]) -> str:
                          _ms_text(d.get("p95_s")), _ms_text(d.get("max_s"))))
         parts.append(_table(
             ("ms per batch", "mean", "p50", "p95", "max"), rows,
-            f"training: {tr.get('batches')} batches, {tr.get('epochs')} epochs, "
+            f"training: {plural(tr.get('batches') or 0, 'batch', 'batches')}, "
+            f"{plural(tr.get('epochs') or 0, 'epoch')}, "
             f"{_f(tr.get('steps_per_s'), '.2f')} steps/s; distributions from "
             f"{tr.get('distribution_source')}"))
     parts.append(_pipeline_table(report))

@@ -16,6 +16,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from iolens.core.words import plural
+
 _SEVERITY_STYLE = {"high": "bold red", "moderate": "bold yellow", "none": "bold green",
                    "unknown": "bold"}
 
@@ -77,10 +79,12 @@ def _training(report: dict[str, Any]) -> RenderableType:
     tr = report["training"]
     figures = (report.get("verdict") or {}).get("figures") or {}
     if not tr.get("batches") and figures.get("steps"):
-        return Text(f"training: {figures['steps']} steps marked with iolens.step(), "
+        return Text(f"training: {plural(figures['steps'], 'step')} timed between calls of "
+                    "iolens.step(), "
                     f"{_f(figures.get('steps_per_s'), '.2f')} steps/s, median step "
                     f"{_ms(figures.get('step_p50_s'))} ms; no batch timed")
-    t = Table(title=f"training: {tr.get('batches')} batches, {tr.get('epochs')} epochs, "
+    t = Table(title=f"training: {plural(tr.get('batches') or 0, 'batch', 'batches')}, "
+                    f"{plural(tr.get('epochs') or 0, 'epoch')}, "
                     f"{_f(tr.get('steps_per_s'), '.2f')} steps/s",
               title_justify="left")
     for col in ("ms per batch", "mean", "p50", "p95", "max"):

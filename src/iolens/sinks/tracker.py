@@ -15,6 +15,9 @@ end for a job that never trains.
   the job's ``iolens.read_MBps``, and the fetch stage split: ``iolens.fetch_ms``
   (per sample), ``iolens.fetch_blocked_share``, ``iolens.collate_ms`` and
   ``iolens.handover_ms`` (per batch);
+- at the end, one more point (step = the last ``seq`` + 1) of ``iolens.steps_per_s`` and
+  ``iolens.data_wait_share`` over the whole run: the last value a run table shows is the
+  run's, not its last interval's, which the run's end cuts short;
 - tags at the end: ``iolens.verdict`` (the class), ``iolens.severity``,
   ``iolens.data_wait_share``, ``iolens.recommendation`` (the first one) and
   ``iolens.prediction`` (its prediction, in words), ``iolens.run_dir``;
@@ -137,6 +140,7 @@ class TrackerSink:
         self.own = True
         """Whether this sink made the run (then it ends it)."""
         self._queue: queue.Queue[Any] = queue.Queue()
+        self._last_seq = -1
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name=f"iolens{self.option}",
                                         daemon=True)
@@ -153,6 +157,7 @@ class TrackerSink:
             self._thread.start()
         trained = bool((record.get("train") or {}).get("batches"))
         t = _num(record.get("t"))
+        self._last_seq = max(self._last_seq, int(record.get("seq") or 0))
         self._queue.put((int(record.get("seq") or 0),
                          int((t if t is not None else time.time()) * 1000),
                          metrics(record), trained))
@@ -180,6 +185,11 @@ class TrackerSink:
             raise self._error
         if self.run_id is None:
             self._decide()
+        whole = run_figures(summary)
+        if whole:
+            # The run's last point is the whole run's figure, the value a run table and a
+            # summary show: never the last interval's, which a run's end cuts short.
+            self._send([(self._last_seq + 1, int(time.time() * 1000), whole)])
         tags = verdict_tags(summary)
         tags["iolens.run_dir"] = os.path.abspath(path)
         with tempfile.TemporaryDirectory(prefix="iolens-tracker-") as tmp:
@@ -338,6 +348,16 @@ def _experiment(client: Any) -> str:
         return str(exp.experiment_id) if exp is not None else str(
             client.create_experiment(name))
     return os.environ.get("MLFLOW_EXPERIMENT_ID") or "0"
+
+
+def run_figures(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The whole run's throughput and data-wait share, under the per-interval metrics'
+    names (pure)."""
+    v = summary.get("verdict")
+    figures = (v.get("figures") if isinstance(v, Mapping) else None) or {}
+    out = {"iolens.steps_per_s": _num(figures.get("steps_per_s")),
+           "iolens.data_wait_share": _num(summary.get("data_wait_share"))}
+    return {k: x for k, x in out.items() if x is not None}
 
 
 def verdict_tags(summary: Mapping[str, Any]) -> dict[str, str]:
