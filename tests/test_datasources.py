@@ -319,3 +319,13 @@ def test_an_epoch_start_that_waits_for_a_cache_copy_says_so() -> None:
     assert "the job copies the data into a cache on /dev/shm from /mnt/remote: 114 MB" in (
         f.evidence[1]), f.evidence
     assert f.recommendations[0].action.startswith("fill the cache before training")
+
+
+def test_a_batch_names_the_types_it_holds() -> None:
+    import numpy as np
+
+    assert _hooks.leaf_types((torch.zeros(2), torch.zeros(2))) == {"torch.Tensor"}
+    assert _hooks.leaf_types({"x": np.zeros(2), "names": ["a", "b"]}) == {
+        "numpy.ndarray", "list"}
+    assert _hooks.leaf_types([torch.zeros(1), [torch.zeros(1)], {"k": 3}]) == {
+        "torch.Tensor", "builtins.int"}

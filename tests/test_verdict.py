@@ -521,3 +521,17 @@ def test_counts_agree_with_their_nouns() -> None:
     v = diagnose(run_of(wait=0.05, step=0.1, workers=0),
                  {**META, "loaders": [{"num_workers": 2}]})
     assert v.evidence[0].startswith("2 DataLoader workers asked for, none seen"), v.evidence
+
+
+def test_the_hand_over_advice_knows_what_the_batches_hold() -> None:
+    records = piped(30, fetch=0.001, cpu=0.001, idle=0.05, handover=0.045, wait=0.05)
+    tensors = [{"num_workers": 2, "batch_types": "torch.Tensor"}]
+    v = diagnose(records, {**META, "loaders": tensors})
+    assert v.cls == "handover-bound"
+    (hand,) = [r for r in v.recommendations if r.action.startswith("make each batch cheaper")]
+    assert "return tensors" not in hand.action and "shared memory already" in hand.action
+    arrays = [{"num_workers": 2, "batch_types": "list,numpy.ndarray"}]
+    (hand,) = [r for r in diagnose(records, {**META, "loaders": arrays}).recommendations
+               if r.action.startswith("make each batch cheaper")]
+    assert "return tensors" in hand.action and "(the batches hold list, numpy.ndarray)" in (
+        hand.action)

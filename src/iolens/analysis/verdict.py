@@ -1297,10 +1297,19 @@ def _handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *
             "the epochs' first batches wait for new workers", "the epoch starts' wait",
             {"persistent_workers": True}, pm.no_epoch_starts(),
             basis=["without the epochs' first batches' wait"]))
+    types = {t for d in v.loaders for t in str(d.get("batch_types") or "").split(",") if t}
+    if types == {"torch.Tensor"}:
+        action = ("make each batch cheaper to hand over: keep it small in bytes (decode on "
+                  "the GPU, or uint8 rather than float32); its tensors go through shared "
+                  "memory already")
+    else:
+        held = f" (the batches hold {', '.join(sorted(types))})" if types else ""
+        action = ("make each batch cheaper to hand over: return tensors (moved through shared "
+                  "memory) rather than Python lists or NumPy arrays (pickled whole)" + held
+                  + ", and keep the batch small in bytes (decode on the GPU, or uint8 rather "
+                  "than float32)")
     v.offer(v.fix(
-        "make each batch cheaper to hand over: return tensors (moved through shared memory) "
-        "rather than Python lists or NumPy arrays (pickled whole), and keep the batch "
-        "small in bytes (decode on the GPU, or uint8 rather than float32)",
+        action,
         "the wait left is the batch's way from the worker to the loop",
         "the hand-over's share of the wait", {"handover": 0.5}, pm.cheaper_handover(0.5),
         basis=["if the hand-over took half as long"]))

@@ -50,7 +50,7 @@ class TimingWriter:
 
     __slots__ = ("_fd", "_ids", "_pfd", "buf", "directory", "dropped", "error", "flush_ns",
                  "last_flush", "loaders", "moved", "paths", "pid", "spare", "spare_bytes",
-                 "trackers", "written")
+                 "trackers", "typed", "written")
 
     def __init__(self, directory: str, flush_ns: int = 500_000_000,
                  spare: str | None = None) -> None:
@@ -76,8 +76,10 @@ class TimingWriter:
         self.trackers: dict[str, str] = {}
         """The job's own trackers' run ids, by tracker, once noted (NOTE [the job's
         tracker run])."""
-        self.loaders: set[int] = set()
-        """Tags of the loaders whose settings are written (NOTE [loader settings])."""
+        self.loaders: dict[int, dict[str, Any]] = {}
+        """The settings written of each loader, by tag (NOTE [loader settings])."""
+        self.typed: set[int] = set()
+        """Tags (shifted, as in the records) of the loaders whose batch types are noted."""
 
     def flush(self, now: int | None = None) -> None:
         """Append what is buffered; on failure, count the loss and remember why."""
@@ -215,8 +217,19 @@ class TimingWriter:
         already and knows data that sits in one large file."""
         if tag in self.loaders or self.moved is not None:
             return
-        self.loaders.add(tag)
-        info = {"pid": self.pid, "tag": tag, **loader_settings(loader)}
+        info = self.loaders[tag] = {"pid": self.pid, "tag": tag, **loader_settings(loader)}
+        write_atomic(os.path.join(self._folder(), f"loader-{self.pid}-{tag}.json"),
+                     json.dumps(info).encode())
+
+    def note_batch(self, tag: int, batch: Any) -> None:
+        """Add the types a batch of loader ``tag`` holds (``batch_types``: ``torch.Tensor``,
+        ``numpy.ndarray``, ``list`` ...) to its settings: the hand-over advice says "return
+        tensors" only to a loader whose batches hold something else."""
+        self.typed.add(tag << records.TAG_SHIFT)
+        info = self.loaders.get(tag)
+        if info is None or self.moved is not None:
+            return
+        info["batch_types"] = ",".join(sorted(leaf_types(batch)))
         write_atomic(os.path.join(self._folder(), f"loader-{self.pid}-{tag}.json"),
                      json.dumps(info).encode())
 
@@ -356,6 +369,26 @@ def step() -> None:
 def _type_name(obj: Any) -> str:
     cls = type(obj)
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def leaf_types(batch: Any, depth: int = 3, limit: int = 32) -> set[str]:
+    """The types of the leaves of a batch (tuples, lists and dicts walked ``depth`` deep,
+    ``limit`` leaves at most); a list of numbers or strings is a ``list`` leaf: it is
+    pickled whole on its way from a worker, where a tensor goes through shared memory."""
+    out: set[str] = set()
+    stack = [(batch, 0)]
+    seen = 0
+    while stack and seen < limit:
+        obj, d = stack.pop()
+        if d < depth and isinstance(obj, dict):
+            stack.extend((v, d + 1) for v in list(obj.values())[:limit])
+        elif d < depth and isinstance(obj, tuple | list) and not (
+                obj and isinstance(obj[0], int | float | str | bytes)):
+            stack.extend((v, d + 1) for v in list(obj)[:limit])  # (not a list of scalars)
+        else:
+            seen += 1
+            out.add(_type_name(obj) if not isinstance(obj, list) else "list")
+    return out
 
 
 def loader_settings(loader: Any) -> dict[str, Any]:
@@ -1004,6 +1037,9 @@ def patch_dataloader(module: ModuleType) -> None:
                     w.buf.extend((handover | tag, idx - 1, t0))
             if t1 - w.last_flush > w.flush_ns:
                 w.flush(t1)
+                if tag not in w.typed:  # (once per loader, at a flush: off the batch path)
+                    with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+                        w.note_batch(tag >> shift, data)
         return data
 
     def __iter__(self: Any) -> Any:
