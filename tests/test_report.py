@@ -173,3 +173,38 @@ def test_report_reads_timing_left_in_the_spare_folder(tmp_path: Path) -> None:
     r = json.loads(iolens("report", str(run), "--format", "json").stdout)
     assert r["training"]["data_wait"]["count"] == 3
     assert not any("read from" in n for n in r["notes"])
+
+
+@pytest.mark.parametrize("width", [80, 160])
+def test_the_text_report_reads_well_at_80_and_160_columns(tmp_path: Path, width: int) -> None:
+    """No line past the width, no figure cut short (an ellipsis), no word broken over two
+    lines, and an item's wrapped lines start under its text, not at the margin."""
+    from tests.test_datasources import _network_run
+
+    records, meta = _network_run(conns=[3] * 30, rx=[8e6] * 30, server_disk=True)
+    meta = {**META, **meta, "devices": {
+        "loop0": "serves the dataset through http://127.0.0.1:8000: its server reads "
+                 "/srv/shards/a-rather-long-folder-name/shard-000000.tar",
+        "vda": "serves the current directory (/home/user/project)"}}
+    run = write_run(tmp_path / "run", records, meta)
+    out = subprocess.run([sys.executable, "-m", "iolens", "report", str(run)],
+                         capture_output=True, text=True, timeout=120, check=False,
+                         env={**os.environ, "COLUMNS": str(width)})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(len(x) for x in lines) <= width, max(lines, key=len)
+    assert "…" not in out.stdout
+    # every word of the evidence and the advice is whole on some line
+    report = json.loads(iolens("report", str(run), "--format", "json").stdout)
+    texts = report["verdict"]["evidence"] + [r["action"] for r in
+                                             report["verdict"]["recommendations"]]
+    words = {w for t in texts for w in t.split()}
+    shown = {w for x in lines for w in x.replace("│", " ").split()}
+    assert words <= shown, sorted(words - shown)[:10]
+    # a wrapped evidence item goes on under its text: "  - " then text, then its
+    # continuation indented by as much
+    panel = [x.strip("│").rstrip() for x in lines if x.startswith("│")]
+    first = next(i for i, x in enumerate(panel) if x.startswith("   - the fetch blocks"))
+    if width == 80:
+        assert panel[first + 1].startswith("     ") and panel[first + 1][5] != " ", panel[
+            first:first + 3]

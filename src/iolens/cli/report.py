@@ -159,6 +159,15 @@ def _run_multi(ns: argparse.Namespace, build: Any) -> int:
     return 0
 
 
+def _columns(default: int) -> int:
+    """COLUMNS from the environment (40 to 1000), else ``default``."""
+    try:
+        n = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        return default
+    return n if 40 <= n <= 1000 else default
+
+
 def _render_text(report: dict[str, object], *, to_terminal: bool, multi: bool = False) -> str:
     import io  # noqa: PLC0415
 
@@ -168,7 +177,9 @@ def _render_text(report: dict[str, object], *, to_terminal: bool, multi: bool = 
 
     buf = io.StringIO()
     tty = to_terminal and sys.stdout.isatty()
-    width = shutil.get_terminal_size().columns if tty else 120
+    # A terminal's width; elsewhere COLUMNS where it is set (the width a pipe or a CI log
+    # is read at), else 120.
+    width = shutil.get_terminal_size().columns if tty else _columns(120)
     console = Console(file=buf, force_terminal=tty, width=width,
                       color_system="auto" if tty else None, highlight=False)
     (print_multi if multi else print_report)(report, console)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -30,6 +32,26 @@ def _f(v: Any, fmt: str = ".1f") -> str:
     return format(float(v), fmt) if isinstance(v, (int, float)) else "-"
 
 
+def _bullets(items: Sequence[tuple[str, RenderableType]], indent: int = 2) -> Table:
+    """Marked items (``-``, ``1.``) whose wrapped lines align under their text, not under
+    the marker: a grid of the marker and the text."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(ratio=1, overflow="fold")
+    for marker, text in items:
+        grid.add_row(" " * indent + marker, text)
+    return grid
+
+
+def _titled(title: str, body: RenderableType, caption: str | None = None) -> Group:
+    """A table under a title of its own line, and its caption below: a title of the
+    table's own wraps at the table's width, and word by word only on the console's."""
+    parts: list[RenderableType] = [Text(title, style="bold", overflow="fold"), body]
+    if caption:
+        parts.append(Text(caption, style="dim", overflow="fold"))
+    return Group(*parts)
+
+
 def _verdict(report: dict[str, Any]) -> RenderableType:
     v = report["verdict"]
     sev = str(v.get("severity"))
@@ -45,18 +67,24 @@ def _verdict(report: dict[str, Any]) -> RenderableType:
         # What the verdict could not see (e.g. no device statistics) comes first.
         parts += [Text(f"note: {v['caveat']}", style="yellow"), Text("")]
     parts.append(Text("Evidence", style="bold"))
-    parts += [Text(f"  - {e}") for e in v.get("evidence") or []]
+    parts.append(_bullets([("-", Text(str(e))) for e in v.get("evidence") or []]))
     if v.get("recommendations"):
         parts += [Text(""), Text("What to do", style="bold")]
+        items: list[tuple[str, RenderableType]] = []
         for i, rec in enumerate(v["recommendations"], 1):
-            parts.append(Text(f"  {i}. {rec.get('action')}"))
             sep = "; " if rec.get("prediction") else "; expected: "
-            parts.append(Text(f"     because {rec.get('because')}{sep}"
-                              f"{rec.get('expected_gain')}", style="dim"))
+            text = Text(str(rec.get("action")))
+            text.append(f"\nbecause {rec.get('because')}{sep}{rec.get('expected_gain')}",
+                        style="dim")
+            items.append((f"{i}.", text))
+        parts.append(_bullets(items))
+        declined = []
         for rec in v.get("declined") or []:
             why = (rec.get("expected_gain") if rec.get("prediction")
                    else rec.get("prediction_unavailable"))
-            parts.append(Text(f"  not advised: {rec.get('action')} ({why})", style="dim"))
+            declined.append(("-", Text(f"{rec.get('action')} ({why})", style="dim")))
+        if declined:
+            parts += [Text("Not advised", style="bold"), _bullets(declined)]
     return Panel(Group(*parts), title="verdict", title_align="left")
 
 
@@ -64,15 +92,15 @@ def _findings(report: dict[str, Any]) -> RenderableType | None:
     fs = report.get("findings") or []
     if not fs:
         return None
-    t = Table(title="findings", title_justify="left", show_lines=False, expand=False)
-    t.add_column("finding")
-    t.add_column("evidence")
-    t.add_column("what to do")
+    parts: list[RenderableType] = [Text("findings", style="bold")]
     for f in fs:
         recs = f.get("recommendations") or []
-        t.add_row(Text(str(f.get("class"))), Text("\n".join(map(str, f.get("evidence") or []))),
-                  Text(str(recs[0].get("action")) if recs else ""))
-    return t
+        items: list[tuple[str, RenderableType]] = [
+            ("-", Text(str(e))) for e in f.get("evidence") or []]
+        if recs:
+            items.append(("try:", Text(str(recs[0].get("action")))))
+        parts += [Text("  " + str(f.get("class")), style="bold"), _bullets(items, indent=4)]
+    return Group(*parts)
 
 
 def _training(report: dict[str, Any]) -> RenderableType:
@@ -83,42 +111,46 @@ def _training(report: dict[str, Any]) -> RenderableType:
                     "iolens.step(), "
                     f"{_f(figures.get('steps_per_s'), '.2f')} steps/s, median step "
                     f"{_ms(figures.get('step_p50_s'))} ms; no batch timed")
-    t = Table(title=f"training: {plural(tr.get('batches') or 0, 'batch', 'batches')}, "
-                    f"{plural(tr.get('epochs') or 0, 'epoch')}, "
-                    f"{_f(tr.get('steps_per_s'), '.2f')} steps/s",
-              title_justify="left")
+    t = Table()
     for col in ("ms per batch", "mean", "p50", "p95", "max"):
         t.add_column(col, justify="right" if col != "ms per batch" else "left")
     for label, key in (("data wait", "data_wait"), ("step", "step")):
         d = tr.get(key) or {}
         t.add_row(label, _ms(d.get("mean_s")), _ms(d.get("p50_s")), _ms(d.get("p95_s")),
                   _ms(d.get("max_s")))
-    t.caption = Text(f"distributions from {tr.get('distribution_source')}")
-    return t
+    return _titled(f"training: {plural(tr.get('batches') or 0, 'batch', 'batches')}, "
+                   f"{plural(tr.get('epochs') or 0, 'epoch')}, "
+                   f"{_f(tr.get('steps_per_s'), '.2f')} steps/s", t,
+                   f"distributions from {tr.get('distribution_source')}")
 
 
 def _devices(report: dict[str, Any]) -> RenderableType | None:
     devs = report.get("devices") or {}
     if not devs:
         return None
-    t = Table(title="devices (means over the run)", title_justify="left")
+    # No vertical rules, and columns that never wrap or cut: the ten fit in 80 columns.
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for col in ("device", "%util", "max", "rMB/s", "wMB/s", "r/s", "r_await", "w_await",
-                "aqu-sz", "rareq KiB", "why watched"):
-        t.add_column(col, justify="left" if col in ("device", "why watched") else "right")
+                "aqu-sz", "rareq KiB"):
+        t.add_column(col, justify="left" if col == "device" else "right", no_wrap=True)
     for name, d in devs.items():
         t.add_row(Text(name), _f(d.get("util_pct")), _f(d.get("util_max_pct"), ".0f"),
                   _f(d.get("read_MBps"), ".2f"), _f(d.get("write_MBps"), ".2f"),
                   _f(d.get("r_s")), _f(d.get("r_await_ms"), ".2f"),
                   _f(d.get("w_await_ms"), ".2f"), _f(d.get("aqu_sz"), ".2f"),
-                  _f(d.get("rareq_kib")), Text(str(d.get("why") or "")))
-    return t
+                  _f(d.get("rareq_kib")))
+    # Why each is watched, below: a sentence with a path, too long for a column.
+    why = _bullets([(f"{name}:", Text(str(d.get("why") or "-")))
+                    for name, d in devs.items()])
+    return Group(_titled("devices (means over the run)", t), Text("why watched", style="dim"),
+                 why)
 
 
 def _processes(report: dict[str, Any]) -> RenderableType | None:
     procs = report.get("processes") or {}
     if not procs:
         return None
-    t = Table(title="the job's processes", title_justify="left")
+    t = Table()
     for col in ("role", "processes", "CPU %", "read MB/s", "write MB/s", "rchar MB/s",
                 "cache hit"):
         t.add_column(col, justify="left" if col == "role" else "right")
@@ -130,9 +162,7 @@ def _processes(report: dict[str, Any]) -> RenderableType | None:
                   _f(d.get("read_MBps"), ".2f"), _f(d.get("write_MBps"), ".2f"),
                   _f(d.get("read_rchar_MBps"), ".2f"),
                   f"{hit * 100:.0f}%" if isinstance(hit, (int, float)) else "-")
-    if note:
-        t.caption = Text(f"cache hit not shown: {note}")
-    return t
+    return _titled("the job's processes", t, f"cache hit not shown: {note}" if note else None)
 
 
 _STAGES = (("fetch on CPU", "fetch_cpu_s", "#"), ("fetch blocked", "fetch_blocked_s", "="),
@@ -148,8 +178,7 @@ def _pipeline(report: dict[str, Any]) -> RenderableType | None:
     if not isinstance(p, dict):
         return None
     who = "training process (num_workers=0)" if p.get("in_process") else "DataLoader workers"
-    t = Table(title=f"input pipeline, timed inside the {who}: {p.get('samples')} samples in "
-                    f"{p.get('batches')} batches", title_justify="left")
+    t = Table()
     t.add_column("figure")
     t.add_column("value", justify="right")
     rows = (("fetch per sample", _ms(p.get("fetch_s_per_sample")) + " ms"),
@@ -164,18 +193,18 @@ def _pipeline(report: dict[str, Any]) -> RenderableType | None:
             ("files opened per sample", _f(p.get("files_per_sample"), ".2f")))
     for label, value in rows:
         t.add_row(label, value)
+    head = _titled(f"input pipeline, timed inside the {who}: {p.get('samples')} samples in "
+                   f"{p.get('batches')} batches", t)
     stages = [x for x in p.get("stages") or [] if isinstance(x, dict)]
     if not stages:
-        return t
+        return head
     # The stage split over time: one bar per stretch of the run, ms per batch.
     step = max(1, -(-len(stages) // _STAGE_ROWS))
     chunks = [stages[i:i + step] for i in range(0, len(stages), step)]
     means = [{k: sum(float(x.get(k) or 0) for x in c) / len(c) for _, k, _ in _STAGES}
              for c in chunks]
     top = max((sum(m.values()) for m in means), default=0.0) or 1.0
-    chart = Table(title="stage split per batch over time ("
-                  + ", ".join(f"{ch} {name}" for name, _, ch in _STAGES) + ")",
-                  title_justify="left", show_header=True)
+    chart = Table(show_header=True)
     chart.add_column("at")
     chart.add_column("ms per batch", justify="right")
     chart.add_column("split")
@@ -184,24 +213,36 @@ def _pipeline(report: dict[str, Any]) -> RenderableType | None:
         bar = "".join(ch * round(m[k] / top * _BAR) for _, k, ch in _STAGES)
         chart.add_row(_clock(float(c[0].get("elapsed_s") or 0)), f"{total * 1000:.1f}",
                       Text(bar))
-    return Group(t, chart)
+    legend = ", ".join(f"{name} ({ch})" for name, _, ch in _STAGES)
+    return Group(head, _titled("stage split per batch over time", chart, legend))
 
 
 def _storage(report: dict[str, Any]) -> RenderableType | None:
     served = [s for s in report.get("storage") or [] if isinstance(s, dict)]
     if not served:
         return None
-    t = Table(title="what serves the dataset (from the files the input pipeline opened)",
-              title_justify="left")
-    for col in ("mount", "type", "device", "folders read"):
-        t.add_column(col)
+    t = Table()
+    for col in ("mount", "kind", "role", "type", "device"):
+        t.add_column(col, overflow="fold")
+    items: list[tuple[str, RenderableType]] = []
     for s in served:
         folders = [str(f) for f in s.get("folders") or []]
         more = int(s.get("more_folders") or 0)
-        t.add_row(Text(str(s.get("mount"))), Text(str(s.get("fstype"))),
-                  Text(str(s.get("device") or "none (no block device)")),
-                  Text(", ".join(folders) + (f" and {more} more" if more else "")))
-    return t
+        t.add_row(Text(str(s.get("mount"))), Text(str(s.get("kind") or "-")),
+                  Text(str(s.get("role") or "dataset")), Text(str(s.get("fstype"))),
+                  Text(str(s.get("device") or "none")))
+        if folders:
+            items.append(("-", Text(f"{s.get('mount')}: " + ", ".join(folders)
+                                    + (f" and {more} more" if more else ""))))
+        elif s.get("peer"):
+            server = (f", served by {s.get('server') or 'a process'} (pid {s['server_pid']}) "
+                      "on this machine" if s.get("server_pid") else "")
+            items.append(("-", Text(f"{s.get('mount')}: peer {s['peer']}{server}")))
+    out: list[RenderableType] = [_titled(
+        "what serves the dataset (the files and connections of the job's processes)", t)]
+    if items:
+        out += [Text("read there", style="dim"), _bullets(items)]
+    return Group(*out)
 
 
 def _pct(v: Any) -> str:
