@@ -5,6 +5,7 @@ built from the checkout declares the same extras."""
 from __future__ import annotations
 
 import email
+import os
 import subprocess
 import sys
 import zipfile
@@ -39,6 +40,26 @@ def test_the_all_extra_installs_every_optional_part_but_torch(tmp_path: Path) ->
     cli = subprocess.run([str(venv / "bin" / "iolens"), "pack", "--help"], capture_output=True,
                          text=True, timeout=60, check=False)
     assert cli.returncode == 0 and "webdataset" in cli.stdout, cli.stderr
+    # --mlflow on MLflow's own defaults (no MLFLOW_* setting: since MLflow 3 a sqlite
+    # mlflow.db in the current directory) logs, and MLflow's client reads it back.
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    run = subprocess.run([str(venv / "bin" / "iolens"), "run", "--mlflow", "--no-live",
+                          "--out", "run", "--", py, "-c", "import time; time.sleep(1)"],
+                         cwd=work, env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert run.returncode == 0 and "MLflow: figures, verdict and report in a new MLflow run" \
+        in run.stderr, run.stderr[-3000:]
+    read = ("from mlflow.tracking import MlflowClient\n"
+            "c = MlflowClient()\n"
+            "runs = [r for e in c.search_experiments() for r in c.search_runs([e.experiment_id])]\n"
+            "print(len(runs), runs[0].data.tags['iolens.verdict'], "
+            "[a.path for a in c.list_artifacts(runs[0].info.run_id, 'iolens')])\n")
+    back = subprocess.run([py, "-c", read], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert back.returncode == 0, back.stderr[-3000:]
+    assert back.stdout.split(" ", 2)[0] == "1" and "iolens/report" in back.stdout, back.stdout
 
 
 def test_a_wheel_declares_the_extras(tmp_path: Path) -> None:

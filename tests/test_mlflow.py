@@ -211,3 +211,17 @@ def test_lightnings_mlflow_logger_run_gets_the_figures(tmp_path: Path,
     assert [r.info.run_id for r in client.search_runs([exp.experiment_id])] == [theirs]
     assert len(client.get_metric_history(theirs, "loss")) > 1  # the logger's own figures
     check_run(client, theirs, tmp_path / "run")
+
+
+def test_a_store_that_cannot_be_used_stops_before_the_job(tmp_path: Path) -> None:
+    """--mlflow whose store cannot be opened is an error line and exit 2, and the job is not
+    started (the review's run said "warning: --mlflow stopped", logged nothing, exit 0)."""
+    marker = tmp_path / "started"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": "nosuchscheme://nowhere"}
+    out = subprocess.run([sys.executable, "-m", "iolens", "run", "--mlflow", "--no-live",
+                          "--out", str(tmp_path / "run"), "--", sys.executable, "-c",
+                          f"open({str(marker)!r}, 'w').close()"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 2, out.stderr
+    assert "--mlflow cannot use its tracking store" in out.stderr, out.stderr
+    assert not marker.exists()

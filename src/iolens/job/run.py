@@ -534,11 +534,14 @@ TRACKERS = ("mlflow", "wandb")
 
 
 def open_tracker(name: str, run_dir: str) -> TrackerSink:
-    """The sink of the tracker ``name`` (one of TRACKERS); SinkError when its package is
-    missing. No tracker's package is imported unless asked for."""
+    """The sink of the tracker ``name`` (one of TRACKERS), its store checked; SinkError when
+    its package is missing or its store cannot be used. No tracker's package is imported
+    unless asked for."""
     from iolens.sinks.tracker import MLflowSink, WandbSink  # noqa: PLC0415 - when asked for
 
-    return {"mlflow": MLflowSink, "wandb": WandbSink}[name](run_dir)
+    sink = {"mlflow": MLflowSink, "wandb": WandbSink}[name](run_dir)
+    sink.check()
+    return sink
 
 
 def finish_tracker(tracker: TrackerSink, done: Finished, code: int,

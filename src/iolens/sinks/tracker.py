@@ -218,6 +218,11 @@ class TrackerSink:
         except BaseException as exc:  # noqa: BLE001 - handed to the recorder's side
             self._error = exc
 
+    def check(self) -> None:
+        """Open the tracker's store now, before the job starts (NOTE [outputs fail before
+        the job starts] in iolens/job/run.py): SinkError with one line when it cannot be
+        used. This imports the tracker's package (a second or two)."""
+
     # -- what each tracker does -------------------------------------------------------------
 
     def _decide(self) -> None:
@@ -242,6 +247,20 @@ class MLflowSink(TrackerSink):
         super().__init__(run_dir)
         self.tracking_uri: str | None = None
         self._client: Any = None
+
+    def check(self) -> None:
+        """MLflow's own settings' store (MLFLOW_TRACKING_URI, else MLflow's default: a
+        sqlite ``mlflow.db`` in the current directory since MLflow 3), opened and read."""
+        try:
+            from mlflow.tracking import MlflowClient  # noqa: PLC0415 - optional and slow
+
+            client = MlflowClient()
+            client.search_experiments(max_results=1)
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise SinkError(f"--mlflow cannot use its tracking store: {first[:300]} (set "
+                            "MLFLOW_TRACKING_URI, or pip install 'iolens[mlflow]' for the "
+                            "sqlite store MLflow uses by default)") from exc
 
     def _finish(self, tags: dict[str, str], report: str, exit_code: int) -> str:
         client, run_id = self._client, self.run_id
@@ -288,6 +307,19 @@ class WandbSink(TrackerSink):
         self.offline = False
         """Whether the run is recorded offline (no login here and no WANDB_MODE)."""
         self._run: Any = None
+
+    def check(self) -> None:
+        """W&B imports, and an online run has a login: W&B's server is not asked (a run
+        without a login is recorded offline, for ``wandb sync``)."""
+        try:
+            import wandb  # noqa: PLC0415 - optional and slow
+        except Exception as exc:
+            raise SinkError(f"--wandb cannot import wandb: {exc}") from exc
+        if os.environ.get("WANDB_MODE") == "online" and not wandb_login():
+            raise SinkError("--wandb: WANDB_MODE=online but there is no W&B login here "
+                            "(wandb login, or WANDB_API_KEY); without WANDB_MODE the run is "
+                            "recorded offline")
+        del wandb
 
     def _decide(self) -> None:
         import wandb  # noqa: PLC0415 - optional and slow
