@@ -879,3 +879,10 @@ def test_run_live_and_no_live_force_the_choice(tmp_path: Path) -> None:
     assert code == 0 and ALT_ON in out and out.rindex(ALT_OFF) < out.index(b"run directory")
     code, out = run_on_pty(tmp_path, "--no-live", job_stdout_to_file=True)
     assert code == 0 and ALT_ON not in out and b"iolens: verdict:" in out
+
+
+def test_a_loop_with_no_batch_for_a_while_says_so() -> None:
+    rec = record(0)
+    rec["train"]["waiting_s"] = 42.0
+    text = text_of(render([rec], WATCH, HEADER), 180)
+    assert re.search(r"no batch +for 42 s \(in next\(\)\)", text), text

@@ -231,3 +231,14 @@ def test_an_unreadable_io_file_never_makes_a_negative_rate(tmp_path: Path) -> No
             break
     rec.close()
     assert written <= 8.6 * 2**20  # never counted twice
+
+
+def test_where_a_process_waits() -> None:
+    from iolens.sources.procfs import parse_wait
+
+    assert parse_wait("wait_for_partner", "257 0xffffff9c 0x7f 0x8000 0x0", "x86_64") == {
+        "wchan": "wait_for_partner", "syscall": "openat"}
+    assert parse_wait("0", "running", "x86_64") == {"syscall": "running"}
+    assert parse_wait("do_epoll_wait", "232 0x3", "aarch64") == {
+        "wchan": "do_epoll_wait", "syscall": "232"}  # (numbers differ per machine)
+    assert parse_wait("", "", "x86_64") == {}

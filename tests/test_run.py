@@ -272,3 +272,61 @@ def test_sidecar_takes_a_command_line_with_options() -> None:
     argv = ["--pid", "1", "--command", "train.py", "--command", "--epochs", "--out", "r"]
     assert _glued(argv) == ["--pid", "1", "--command=train.py", "--command=--epochs",
                             "--out", "r"]
+
+
+def test_a_loop_with_no_batch_for_a_while_is_recorded_with_where_it_waits(
+        tmp_path: Path) -> None:
+    """NOTE [no batch for a while]: a loop that began an epoch and has had no batch for
+    WAITING_S is recorded as waiting, with the state, wait channel and syscall of the
+    training process and its workers (here a worker stuck opening a FIFO nobody writes)."""
+    from iolens.recorder.sampler import WAITING_S, Recorder
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    stuck = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'rb').read()"])
+    try:
+        rec = Recorder(None, os.getpid(), 1.0, {}, discover=False)
+        time.sleep(0.3)  # (the child is in its open by now)
+        rec.train.worker_pids[stuck.pid] = 0
+        rec.train.last_data_ns = time.monotonic_ns() - int((WAITING_S + 5) * 1e9)
+        train = rec.sample()["train"]
+        assert train["waiting_s"] >= WAITING_S + 5, train
+        (worker,) = [w for w in train["waiting"] if w["pid"] == stuck.pid]
+        assert worker["role"] == "worker" and worker["state"] == "S", worker
+        assert worker.get("wchan") == "wait_for_partner", worker  # a FIFO's open
+        assert worker.get("syscall") in ("openat", "257", "2", "open"), worker
+        rec.train.last_data_ns = time.monotonic_ns()  # a batch came: no longer waiting
+        assert "waiting_s" not in rec.sample()["train"]
+        rec.close()
+    finally:
+        stuck.kill()
+        stuck.wait()
+
+
+def test_a_spawn_script_without_the_main_guard_says_what_happened(tmp_path: Path) -> None:
+    """The review's spawned DataLoader in a script without `if __name__ == "__main__":`:
+    the verdict said the job was not a Python program or used no DataLoader. It began an
+    epoch, and no batch came."""
+    script = tmp_path / "noguard.py"
+    script.write_text(textwrap.dedent("""
+        import time, torch
+        from torch.utils.data import DataLoader, Dataset
+        class D(Dataset):
+            def __len__(self):
+                return 64
+            def __getitem__(self, i):
+                return torch.zeros(4)
+        for x in DataLoader(D(), batch_size=8, num_workers=2, multiprocessing_context="spawn"):
+            time.sleep(0.01)
+    """))
+    out = subprocess.run([sys.executable, "-m", "iolens", "run", "--no-live", "--out",
+                          str(tmp_path / "run"), "--", sys.executable, str(script)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False)
+    assert out.returncode != 0
+    rep = json.loads(subprocess.run(
+        [sys.executable, "-m", "iolens", "report", str(tmp_path / "run"), "--format", "json"],
+        capture_output=True, text=True, timeout=120, check=True).stdout)
+    ev = rep["verdict"]["evidence"]
+    assert any("began iterating a DataLoader (2 workers)" in e and "no batch came" in e
+               for e in ev), ev
+    assert not any("not a Python program" in e for e in ev), ev

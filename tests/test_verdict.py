@@ -359,7 +359,7 @@ def test_no_steps_says_why() -> None:
 
 def test_few_batches_are_flagged() -> None:
     v = diagnose(run_of(2, batches=3, wait=0.002), META)
-    assert "only 6 batches were timed" in v.evidence[-1]
+    assert "only 6 batches timed" in v.evidence[-1]
 
 
 def test_verdict_serializes_to_json() -> None:
@@ -535,3 +535,31 @@ def test_the_hand_over_advice_knows_what_the_batches_hold() -> None:
                if r.action.startswith("make each batch cheaper")]
     assert "return tensors" in hand.action and "(the batches hold list, numpy.ndarray)" in (
         hand.action)
+
+
+def test_a_run_that_ends_waiting_for_a_batch_is_hung() -> None:
+    waiting = [{"pid": 10, "role": "main", "state": "S", "syscall": "poll"},
+               {"pid": 11, "role": "worker", "state": "S", "wchan": "wait_for_partner",
+                "syscall": "openat"}]
+    records = run_of(n=5, wait=0.05, step=0.1) + [rec(i, batches=0) for i in range(5, 50)]
+    for i, r in enumerate(records[35:]):
+        r["train"]["waiting_s"] = 30.0 + i
+        r["train"]["waiting"] = waiting
+    v = diagnose(records, META)
+    assert (v.cls, v.severity) == ("hung", "high")
+    assert v.evidence[0].startswith("no batch came in the last 44 s recorded"), v.evidence
+    assert "worker 11 (S, in openat, at wait_for_partner)" in v.evidence[0]
+    assert v.recommendations[0].action.startswith("see where the workers wait")
+    assert any(f.cls == "hang" for f in v.findings)
+    # no batch at all: the loop began an epoch and none came
+    began = [rec(i, batches=0) for i in range(40)]
+    began[3]["train"]["epochs_started"], began[3]["train"]["num_workers"] = 1, 2
+    for r in began[34:]:
+        r["train"]["waiting_s"], r["train"]["waiting"] = 31.0, waiting
+    v = diagnose(began, {**META, "exit_code": 143})
+    assert v.cls == "no-steps" and v.evidence[0].startswith("no batch came in the last 31 s")
+    assert "began iterating a DataLoader (2 workers) in the interval from 00:03" in (
+        v.evidence[1]) and "(exit code 143)" in v.evidence[1]
+    # a pause that ended (evaluation, a checkpoint) is no hang
+    records[-1]["train"].pop("waiting_s")
+    assert diagnose(records, META).cls != "hung"

@@ -34,10 +34,13 @@ from iolens.analysis.pipeline import Pipeline, dataset_cached, dataset_mapped, p
 from iolens.core.words import plural
 
 PRIMARY_CLASSES = ("compute-bound", "storage-bound", "cpu-bound-input", "loader-starved",
-                   "handover-bound", "write-stall")
+                   "handover-bound", "write-stall", "hung")
 FINDING_CLASSES = ("noisy-neighbor", "warm-cache", "cold-start", "epoch-start-stall",
-                   "straggler", "no-disk-stats")
+                   "straggler", "no-disk-stats", "hang")
 NO_STEPS = "no-steps"
+HUNG = "hung"
+"""The run ended while its loop waited for a batch longer than it had trained (NOTE [no
+batch for a while] in iolens/recorder/sampler.py)."""
 STEPS_ONLY = "steps-only"
 """Steps marked with iolens.step() and no batch timed: the step rate is known, the data
 wait is not."""
@@ -462,9 +465,18 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     else:
         _input_bound(v, timed, meta)
     if batches < rules.MIN_BATCHES:
-        v.evidence.append(f"only {batches} batches were timed: a longer run gives a firmer "
-                          "verdict")
+        v.evidence.append(f"only {plural(batches, 'batch', 'batches')} timed: a longer run "
+                          "gives a firmer verdict")
     v.findings = findings + _findings(records, timed, v)
+    hang = next((f for f in v.findings if f.cls == "hang"), None)
+    step_s = sum(_sum(r, "step") for r in timed)
+    if hang is not None and _num(_train(records[-1]), "waiting_s") > step_s:
+        # It hung for longer than it trained: that is what the run says, first.
+        v.cls, v.severity = HUNG, "high"
+        v.evidence.insert(0, hang.evidence[0])
+        # (advice from a handful of batches before the hang would only distract)
+        v.recommendations = hang.recommendations + (
+            v.recommendations if batches >= rules.MIN_BATCHES else [])
     return v
 
 
@@ -529,6 +541,23 @@ def _no_steps(records: Sequence[dict[str, Any]], meta: dict[str, Any],
         return _steps_only(marked, int(marks), figures, findings)
     if not records:
         why.append("no interval was recorded (the run ended at once, or its records are lost)")
+    began = [r for r in records if _num(_train(r), "epochs_started")]
+    if began and not why:
+        # The loop began iterating a DataLoader: no batch came, however long it waited.
+        workers = max(int(_num(_train(r), "num_workers")) for r in began)
+        start = max(0.0, _end(began[0]) - _secs(began[0]))
+        why.append(
+            f"the loop began iterating a DataLoader ({plural(workers, 'worker')}) in the "
+            f"interval from {clock(start)} and no batch came in the "
+            f"{max(0.0, _end(records[-1]) - start):.0f} s until the recording ended"
+            + (f" (exit code {meta['exit_code']})" if isinstance(meta.get("exit_code"), int)
+               else ""))
+        hang = _hang(records)
+        if hang is not None:  # the headline: it hung, and where its processes wait
+            v = Verdict(NO_STEPS, "unknown", None, evidence=[hang.evidence[0], why[-1]],
+                        figures=figures, findings=[*findings, hang])
+            v.recommendations += hang.recommendations
+            return v
     if not why:
         why.append("no torch DataLoader batch was timed: the job is not a Python program, "
                    "does not use a DataLoader in its main process, or ended before its first "
@@ -1512,9 +1541,41 @@ def straggler(ranks: Sequence[dict[str, Any]]) -> Finding | None:
         {k: slow[k] for k in ("rank", "host", "run") if k in slow})
 
 
+def _hang(records: Sequence[dict[str, Any]]) -> Finding | None:
+    """The run ended while the loop waited for a batch (NOTE [no batch for a while] in
+    iolens/recorder/sampler.py): a hang, with where each process of the loader waits."""
+    last = _train(records[-1]) if records else {}
+    since = _num(last, "waiting_s")
+    if since <= 0:
+        return None
+    # Where they waited: the last interval that saw the processes (the very last may come
+    # after the job has gone).
+    seen: Any = next((w for r in reversed(records[-5:]) if (w := _train(r).get("waiting"))),
+                     [])
+    where = []
+    for p in seen if isinstance(seen, list) else []:
+        if isinstance(p, dict):
+            at = ", ".join(x for x in (f"in {p['syscall']}" if p.get("syscall") else "",
+                                       f"at {p['wchan']}" if p.get("wchan") else "") if x)
+            where.append(f"{p.get('role')} {p.get('pid')} ({p.get('state')}"
+                         + (f", {at}" if at else "") + ")")
+    return Finding("hang", [
+        f"no batch came in the last {since:.0f} s recorded: the loop was waiting in next() "
+        "for one"
+        + (f"; {', '.join(where)}" if where else "")], _window(records[-1:], "hang"), [
+        Recommendation(
+            "see where the workers wait (py-spy dump --pid PID, or faulthandler), and set "
+            "DataLoader(timeout=SECONDS) so that a stuck batch raises instead of hanging; "
+            "a spawned worker needs the script's `if __name__ == '__main__':` guard",
+            f"the loop waited {since:.0f} s for one batch", "a job that fails fast")])
+
+
 def _findings(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]],
               v: Verdict) -> list[Finding]:
     out: list[Finding] = []
+    hang = _hang(records)
+    if hang is not None:
+        out.append(hang)
     slow = straggler(rank_figures(records))
     if slow is not None:
         out.append(slow)

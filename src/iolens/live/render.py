@@ -411,6 +411,9 @@ def training_panel(history: History, header: Header, *, plain: bool = False) -> 
     esw = _mapping(train.get("epoch_start_wait"))
     if _num(esw.get("count")):
         grid.add_row("epoch start", f"first batch waited {_ms(esw.get('max_s'))} ms")
+    waiting = _num(train.get("waiting_s"))
+    if waiting:  # NOTE [no batch for a while] in iolens/recorder/sampler.py
+        grid.add_row("no batch", Text(f"for {waiting:.0f} s (in next())", style="bold red"))
     return _panel(title, grid)
 
 

@@ -36,6 +36,7 @@ from iolens.sources.procfs import (
     ProcIO,
     SystemReader,
     cpu_percentages,
+    read_wait,
 )
 from iolens.sources.procmaps import data_file, read_mapped_files
 
@@ -53,6 +54,9 @@ _MAPS_EVERY = 10
 _EARLY_S = 10.0
 """The start of a run, and of each process, when discovery runs at every sample (NOTE
 [finding the dataset])."""
+WAITING_S = 30.0
+"""No batch for this long after the last (or the epoch's start) is worth saying: six of
+torch's 5-second checks that the workers live (NOTE [no batch for a while])."""
 _HELD_MAX = 65536
 """(process, file) pairs remembered at most: past it, files are no longer counted."""
 _DEVICE_FIELDS = ("r_s", "rkB_s", "rrqm_s", "r_await", "rareq_sz", "w_s", "wkB_s", "wrqm_s",
@@ -574,6 +578,32 @@ class Recorder:
             if disk not in self.watch:
                 self.watch[disk] = f"the job writes files in {folder}"
 
+    def _waiting(self, train: dict[str, Any], now: float) -> None:
+        """NOTE [no batch for a while]: once the loop has begun an epoch, a stretch of
+        WAITING_S (or ten times the longest step, if more) with no batch is recorded in
+        the interval as ``waiting_s``, with where the training process and the DataLoader
+        workers wait (state, the kernel's wait channel, the syscall): a job that hangs at
+        its DataLoader (workers that never start, a store that never answers) says so,
+        live and in the verdict, rather than nothing at all. The training side's clock is
+        the same monotonic clock as this one."""
+        agg = self.train
+        if not agg.last_data_ns or self.root_pid is None:
+            return
+        gap = now - agg.last_data_ns / 1e9
+        if gap < max(WAITING_S, 10 * agg.longest_step_ns / 1e9):
+            return
+        train["waiting_s"] = round(gap, 1)
+        who = [(p, "main") for p in sorted(self.timing.pids) if p in self._procs]
+        who += [(p, "worker") for p in sorted(agg.worker_pids) if p in self._procs]
+        waits = []
+        for pid, role in who[:16]:
+            st = self.procs.read_stat(pid)
+            if st is None:
+                continue
+            waits.append({"pid": pid, "role": role, "state": st.state,
+                          **read_wait(pid, self.proc_root)})
+        train["waiting"] = waits
+
     def _cpu(self) -> dict[str, float]:
         cur = self.system.cpu()
         prev, self._cpu_prev = self._cpu_prev, cur
@@ -614,6 +644,7 @@ class Recorder:
             "mem": self._mem(),
             "train": self.train.take(),
         }
+        self._waiting(rec["train"], now_mono)
         if self.storage.served or self.storage.net.peers:
             try:
                 served = self.storage.sample(seconds)

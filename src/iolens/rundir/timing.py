@@ -109,6 +109,11 @@ class TrainingAggregator:
     _in_process: set[int] = field(default_factory=set)
     iterable: bool = False
     """A loader that is not a torch DataLoader started an epoch in this interval."""
+    last_data_ns: int = 0
+    """When the loop last got a batch, or began an epoch (monotonic ns): the start of the
+    wait for the next batch, if one is going on (NOTE [no batch for a while])."""
+    longest_step_ns: int = 0
+    """The longest step seen (ns): a gap between batches many times it is no step."""
     fetchers: set[int] = field(default_factory=set)
     """Processes that have fetched batches (DataLoader workers, or a training process with
     num_workers=0): those whose files are the dataset's."""
@@ -129,6 +134,8 @@ class TrainingAggregator:
                 self.waits.append(wait)
                 self.steps.append(step)
                 self.ends.append(b)
+                self.last_data_ns = max(self.last_data_ns, b)
+                self.longest_step_ns = max(self.longest_step_ns, step)
                 stream.last_end = b
                 per = self._per_pid.get(pid)
                 if per is None:
@@ -146,6 +153,7 @@ class TrainingAggregator:
                 self._streams.setdefault(key, _Stream()).last_end = a
                 self._epoch_at[key] = a
                 self._epoch_pending.add(key)
+                self.last_data_ns = max(self.last_data_ns, a)
                 self.epochs += 1
                 self.num_workers = max(self.num_workers, b)
             elif rtype == records.STEP:

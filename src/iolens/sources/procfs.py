@@ -226,6 +226,46 @@ class SystemReader:
         self._meminfo.close()
 
 
+_SYSCALLS_X86_64 = {0: "read", 1: "write", 7: "poll", 23: "select", 35: "nanosleep",
+                    61: "wait4", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait",
+                    270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 45: "recvfrom",
+                    47: "recvmsg", 17: "pread64", 19: "readv", 295: "preadv", 2: "open",
+                    257: "openat", 43: "accept", 288: "accept4", 42: "connect"}
+"""The syscalls a blocked process usually sits in, by their x86_64 number (other machines
+and other numbers are given as numbers)."""
+
+
+def parse_wait(wchan: str, syscall: str, machine: str) -> dict[str, str]:
+    """Where a process waits, from /proc/PID/wchan (the kernel function it sleeps in; "0"
+    when running or hidden) and /proc/PID/syscall (its syscall's number, ``running``, or
+    nothing where it may not be read): ``{"wchan", "syscall"}``, each left out when
+    unknown (pure)."""
+    out: dict[str, str] = {}
+    w = wchan.strip()
+    if w and w != "0":
+        out["wchan"] = w
+    first = syscall.split(None, 1)[0] if syscall.strip() else ""
+    if first.lstrip("-").isdigit():
+        n = int(first)
+        name = _SYSCALLS_X86_64.get(n) if machine == "x86_64" else None
+        out["syscall"] = name or str(n)
+    elif first == "running":
+        out["syscall"] = "running"
+    return out
+
+
+def read_wait(pid: int, proc_root: str = "/proc") -> dict[str, str]:
+    """:func:`parse_wait` of process ``pid``; empty when neither file can be read."""
+    texts = []
+    for name in ("wchan", "syscall"):
+        try:
+            with open(os.path.join(proc_root, str(pid), name)) as fh:
+                texts.append(fh.read(512))
+        except OSError:
+            texts.append("")
+    return parse_wait(texts[0], texts[1], os.uname().machine)
+
+
 @dataclass(slots=True)
 class ProcSample:
     """One process at one moment."""

@@ -1035,7 +1035,9 @@ def patch_dataloader(module: ModuleType) -> None:
                 idx = self.__dict__.get("_rcvd_idx")
                 if type(idx) is int:  # NOTE [stage timing]: the recorder joins it
                     w.buf.extend((handover | tag, idx - 1, t0))
-            if t1 - w.last_flush > w.flush_ns:
+            # An epoch's first batch is written at once: a job that hangs (or is killed)
+            # right after it leaves it on disk, not in this buffer.
+            if t1 - w.last_flush > w.flush_ns or self.__dict__.get("_num_yielded") == 1:
                 w.flush(t1)
                 if tag not in w.typed:  # (once per loader, at a flush: off the batch path)
                     with contextlib.suppress(Exception):  # NOTE [never hurt the job]
