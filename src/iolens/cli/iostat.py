@@ -164,7 +164,7 @@ class _Printer:
         """Raise UnknownDeviceError for a named device that none of the snapshots holds.
 
         Checked once, up front: a device that vanishes later is skipped while
-        absent, as METRICS.md says, rather than ending the run.
+        absent, as docs/metrics.md says, rather than ending the run.
         """
         known: set[str] = set()
         for snap in snaps:

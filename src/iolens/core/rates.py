@@ -1,4 +1,4 @@
-"""Two snapshots -> iostat's extended device statistics (see shared METRICS.md).
+"""Two snapshots -> iostat's extended device statistics (docs/metrics.md).
 
 Every formula follows sysstat 12.6's iostat, including the order of the
 floating-point operations, so that printed values match digit for digit.

@@ -128,7 +128,9 @@ class NetWatch:
 
     def scan(self, pids: list[int]) -> list[Peer]:
         """Look at the established connections of ``pids`` (the processes that fetch);
-        returns the peers new among them. Their bytes so far count from now on."""
+        returns the peers new among them. A connection seen for the first time counts
+        every byte it received since it opened (in the job, all but the first moments of
+        a connection the job itself opened)."""
         found: list[Peer] = []
         try:
             table = sockets.peers_of(pids, self.proc_root)
@@ -245,7 +247,7 @@ class NetWatch:
         prev, peer._server_prev = peer._server_prev, (ticks, io)
         if prev is None or seconds <= 0:
             return {}
-        return {"server_cpu_pct": round((ticks - prev[0]) / CLK_TCK / seconds * 100, 2),
+        return {"server_cpu_pct": round(max(0, ticks - prev[0]) / CLK_TCK / seconds * 100, 2),
                 "server_read_bytes_s": round(max(0, io.read_bytes - prev[1].read_bytes)
                                              / seconds, 1)}
 

@@ -240,7 +240,8 @@ class StorageWatch:
             io = io if io is not None else ProcIO()
             prev, s._daemon_prev = s._daemon_prev, (ticks, io)
             if prev is not None and seconds > 0:
-                fig["daemon_cpu_pct"] = round((ticks - prev[0]) / CLK_TCK / seconds * 100, 2)
+                fig["daemon_cpu_pct"] = round(max(0, ticks - prev[0]) / CLK_TCK / seconds
+                                              * 100, 2)
                 # The daemon's rchar/wchar count its sockets: the network side of the mount.
                 fig["daemon_rchar_s"] = round(max(0, io.rchar - prev[1].rchar) / seconds, 1)
                 # Its disk reads (a FUSE mount with a local cache) are the job's, one step

@@ -1,4 +1,4 @@
-"""iostat's ``-x -d`` layout, text and JSON, column for column (METRICS.md "Output format")."""
+"""iostat's ``-x -d`` layout, text and JSON, column for column (docs/metrics.md, section 1)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The Prometheus endpoint: a custom collector over the recorder's latest state, served over HTTP.
 
 Names follow node_exporter's diskstats under the ``iolens_`` prefix
-(METRICS.md "Prometheus names"): raw cumulative counters in base units
+(docs/metrics.md): raw cumulative counters in base units
 (bytes, seconds; discards in sectors, as node_exporter has them), so PromQL
 written for node_exporter carries over: %util is
 ``100 * rate(iolens_disk_io_time_seconds_total[1m])``. Every series carries
