@@ -97,16 +97,22 @@ def _piped(worker_rchar: float, worker_read: float, rx: float = 0.0) -> list[dic
     return out
 
 
-@pytest.mark.parametrize(("rchar", "read", "rx", "mapped", "source", "per"), [
-    (6.4e6, 0.0, 0.0, False, "rchar", 64000),  # files read with read()
-    (0.0, 6.4e6, 0.0, True, "mapped", 64000),  # LMDB: a memory map's faults
-    (1.0e3, 6.4e6, 0.0, False, "read_bytes", 64000),  # HDF5 read in C, cold
-    (1.0e3, 0.0, 6.4e6, False, "socket", 64000),  # HTTP read with recv()
-    (0.0, 0.0, 0.0, True, "mapped", 0),  # a map read from the page cache: not seen
+DISK = {"mount": "/data", "kind": "block", "role": "dataset"}
+
+
+@pytest.mark.parametrize(("rchar", "read", "rx", "store", "source", "per"), [
+    (6.4e6, 0.0, 0.0, DISK, "rchar", 64000),  # files read with read()
+    (0.0, 6.4e6, 0.0, {**DISK, "mapped": True}, "mapped", 64000),  # LMDB: a map's faults
+    (1.0e3, 6.4e6, 0.0, DISK, "read_bytes", 64000),  # read in C, readahead
+    (1.0e3, 0.0, 6.4e6, {"kind": "network"}, "socket", 64000),  # HTTP read with recv()
+    (0.0, 0.0, 0.0, {**DISK, "mapped": True}, "mapped", 0),  # a map in the page cache
+    # no dataset on a disk: what the fetch made a device read is its own code paged in
+    (1.0e3, 6.4e6, 0.0, None, "rchar", 10),
 ])
 def test_bytes_per_sample_rest_on_the_counter_that_saw_them(
-        rchar: float, read: float, rx: float, mapped: bool, source: str, per: int) -> None:
-    p = pipeline(_piped(rchar, read, rx), mapped=mapped)
+        rchar: float, read: float, rx: float, store: dict[str, Any] | None, source: str,
+        per: int) -> None:
+    p = pipeline(_piped(rchar, read, rx), {"storage": [store] if store else []})
     assert p is not None and p.bytes_source == source
     assert p.bytes_per_sample == pytest.approx(per)
     assert p.to_dict()["bytes_source"] == source

@@ -32,8 +32,6 @@ pytest.importorskip("torch")
 
 TOLERANCE = 0.25
 SECONDS = "6"
-HANDOVER_PAIRS = 3
-"""Runs before and after the fix, alternating, in the hand-over case."""
 
 TRAIN = """
 import sys, time, torch
@@ -177,33 +175,21 @@ def test_cpu_heavy_samples_on_busy_cores_are_told_to_get_cheaper(tmp_path: Path)
     held(rec, follow(tmp_path, rec, "cpu", SECONDS, "2", "0.01"))
 
 
-def test_idle_workers_behind_the_hand_over_gain_nothing_from_more(tmp_path: Path) -> None:
-    """This case moves 4 MiB a batch through the workers' pipe on 2 cores, and one run's
-    rate is a poor sample of its setting: runs with the same 2 workers measured 82, 83 and
-    98 steps/s here; in CI the rate drifted within one test, 88 and 52 before the fix,
-    then 37 and 46 after it (and, in another run, 70 before and 91 and 98 after). So the
-    runs before and after the fix alternate, three of each: each run before makes its own
-    prediction, and their mean is held against the mean of the runs after."""
-    predicted, after = [], []
-    rec: dict[str, Any] = {}
-    for i in range(HANDOVER_PAIRS):
-        before_dir = tmp_path if i == 0 else tmp_path / f"before{i}"
-        before_dir.mkdir(exist_ok=True)
-        report, _ = run_case(before_dir, TRAIN, "handover", SECONDS, "2", "0")
-        v, pipe = report["verdict"], report["pipeline"]
-        assert v["class"] == "handover-bound", v
-        assert pipe["worker_idle_share"] > 0.7 and pipe["handover_s_per_batch"] > 0.002, pipe
-        assert not any(r["action"].startswith("raise num_workers")
-                       for r in v["recommendations"])
-        first = v["recommendations"][0]
-        assert first["action"].startswith("do not add DataLoader workers"), first
-        p = first["prediction"]
-        assert p["steps_per_s"] < rules.MIN_GAIN * measured(report), (p, measured(report))
-        predicted.append(p["steps_per_s"])
-        rec = rec or first
-        (tmp_path / f"after{i}").mkdir()
-        changed, _ = run_case(tmp_path / f"after{i}", TRAIN, "handover", SECONDS,
-                              str(rec["change"]["num_workers"]), "0")
-        after.append(measured(changed))
-    proved(tmp_path, rec, after[0])
-    held(rec, after, statistics.fmean(predicted))
+def test_idle_workers_behind_the_hand_over_get_the_hand_over_advice(tmp_path: Path) -> None:
+    """This case moves 4 MiB a batch, pickled, through the workers' pipe on 2 cores. Its
+    workers idle: the wait is the loop taking each batch. The verdict used to add "do not
+    add DataLoader workers: they gain nothing", predicted at the rate measured; followed
+    as runs alternating 2 and 4 workers, 4 were faster in 8 pairs of 8 here (mean 87 ->
+    121 steps/s, the hand-over 8.9 -> 6.0 ms a batch, with the loop's CPU per batch
+    falling with it), and in CI by 47%. So no claim is made on more workers; the advice is
+    the hand-over's own, with its prediction."""
+    report, _ = run_case(tmp_path, TRAIN, "handover", SECONDS, "2", "0")
+    v, pipe = report["verdict"], report["pipeline"]
+    assert v["class"] == "handover-bound", v
+    assert pipe["worker_idle_share"] > 0.7 and pipe["handover_s_per_batch"] > 0.002, pipe
+    assert not any("num_workers" in (r.get("change") or {}) for r in v["recommendations"])
+    assert not any("num_workers" in (r.get("change") or {}) for r in v["declined"])
+    first = v["recommendations"][0]
+    assert first["action"].startswith("make each batch cheaper to hand over"), first
+    assert "(the batches hold list)" in first["action"], first  # lists of bytes, pickled
+    assert first["prediction"] and first["prediction"]["limit"] in ("compute", "handover", "cpu")

@@ -60,6 +60,8 @@ class Pipeline:
     storage] in iolens/recorder/network.py)."""
     mapped: bool = False
     """The dataset is read through a memory map (found in /proc/PID/maps)."""
+    on_disk: bool = True
+    """The dataset is on a block device: its reads count in read_bytes."""
 
     @property
     def fetch_s_per_sample(self) -> float | None:
@@ -92,7 +94,7 @@ class Pipeline:
     @property
     def bytes_source(self) -> str:
         """The counter the bytes per sample rest on (NOTE [bytes per sample])."""
-        best = max(self.read_bytes, self.disk_bytes, self.net_bytes)
+        best = max(self.read_bytes, self._data_disk_bytes, self.net_bytes)
         if best <= 0:
             return "mapped" if self.mapped else "rchar"
         if best == self.net_bytes:
@@ -110,8 +112,13 @@ class Pipeline:
         device read (a memory map's faults and readahead too: never below what the
         device served them); the sockets' own counts (tcp_info) hold what came over the
         network. A memory map read from the page cache shows in none of them."""
-        best = max(self.read_bytes, self.disk_bytes, self.net_bytes)
+        best = max(self.read_bytes, self._data_disk_bytes, self.net_bytes)
         return best / self.samples if self.samples else None
+
+    @property
+    def _data_disk_bytes(self) -> float:
+        """read_bytes, where the dataset is on a block device (else they are code)."""
+        return self.disk_bytes if self.on_disk or self.mapped else 0.0
 
     @property
     def disk_bytes_per_sample(self) -> float | None:
@@ -150,13 +157,19 @@ class Pipeline:
         }
 
 
-def pipeline(records: Iterable[dict[str, Any]], *, mapped: bool = False,
-             cache: bool = False) -> Pipeline | None:
-    """The stage figures over ``records``, or None when no batch's stages were timed;
-    ``mapped``: the dataset is read through a memory map (its storage entry says so);
-    ``cache``: the fetching processes copy the data into a cache they then read (a
-    streaming library), so each byte is read twice and written once: what they wrote
-    is taken off what they read."""
+def pipeline(records: Iterable[dict[str, Any]],
+             meta: dict[str, Any] | None = None) -> Pipeline | None:
+    """The stage figures over ``records``, or None when no batch's stages were timed.
+
+    ``meta`` (the run's meta.json) says how the dataset is read, for the bytes per
+    sample (NOTE [bytes per sample]): through a memory map (its storage entry is
+    ``mapped``); into a cache the fetching processes then read (a ``cache`` role: each
+    byte read twice and written once, so what they wrote is taken off what they read);
+    from a block device (then read_bytes counts: without one, what the processes made
+    a device read is their own code paged in, not data)."""
+    meta = meta or {}
+    mapped, cache = dataset_mapped(meta), dataset_cached(meta)
+    on_disk = dataset_on_disk(meta)
     recs = records if isinstance(records, Sequence) else list(records)
     batches = samples = files = handovers = processes = 0
     fetch = cpu = collate = idle = handover = read = disk = net = 0.0
@@ -184,9 +197,10 @@ def pipeline(records: Iterable[dict[str, Any]], *, mapped: bool = False,
             last = i
     if batches == 0:
         return None
-    # The bytes, over every interval from the one before the first batch made to the last:
-    # a fetch slower than an interval reads in intervals where no batch is made.
-    for rec in recs[max(0, first - 1):last + 1]:
+    # The bytes, over every interval from the first batch made to the last: a fetch slower
+    # than an interval reads in intervals where no batch is made. (Not the interval before
+    # the first: the processes' start-up reads their code there.)
+    for rec in recs[first:last + 1]:
         job = rec.get("job")
         roles = job.get("roles") if isinstance(job, dict) else None
         role = roles.get("main" if in_process else "worker") if isinstance(roles, dict) else None
@@ -195,7 +209,7 @@ def pipeline(records: Iterable[dict[str, Any]], *, mapped: bool = False,
         disk += amount(role, "read_bytes_s") * _secs(rec)
         net += network_bytes(rec)
     return Pipeline(batches, samples, fetch, cpu, collate, idle, files, handovers, handover,
-                    read, disk, in_process, processes, net, mapped)
+                    read, disk, in_process, processes, net, mapped, on_disk)
 
 
 def dataset_mapped(meta: dict[str, Any]) -> bool:
@@ -204,6 +218,14 @@ def dataset_mapped(meta: dict[str, Any]) -> bool:
     st = meta.get("storage")
     top = st[0] if isinstance(st, list) and st and isinstance(st[0], dict) else {}
     return top.get("mapped") is True
+
+
+def dataset_on_disk(meta: dict[str, Any]) -> bool:
+    """Whether a storage entry of the dataset (or of its cache's source) is on a block
+    device (``block`` or ``overlay``)."""
+    st = meta.get("storage")
+    return isinstance(st, list) and any(isinstance(s, dict) and s.get("kind") in (
+        "block", "overlay") and s.get("role") != "cache" for s in st)
 
 
 def dataset_cached(meta: dict[str, Any]) -> bool:

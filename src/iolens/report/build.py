@@ -26,12 +26,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from iolens.analysis.pipeline import (
-    dataset_cached,
-    dataset_mapped,
-    pipeline,
-    stage_series,
-)
+from iolens.analysis.pipeline import pipeline, stage_series
 from iolens.analysis.rundata import RunData
 from iolens.analysis.verdict import device_load, diagnose, rank_figures
 from iolens.rundir import records as trecords
@@ -68,7 +63,7 @@ def build_report(run: RunData) -> dict[str, Any]:
 
 
 def _pipeline(recs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
-    pipe = pipeline(recs, mapped=dataset_mapped(meta), cache=dataset_cached(meta))
+    pipe = pipeline(recs, meta)
     if pipe is None:
         return None
     return {**pipe.to_dict(), "stages": [{k: round(v, 7) for k, v in row.items()}
