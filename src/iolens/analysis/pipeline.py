@@ -197,19 +197,28 @@ def pipeline(records: Iterable[dict[str, Any]],
             last = i
     if batches == 0:
         return None
-    # The bytes, over every interval from the first batch made to the last: a fetch slower
-    # than an interval reads in intervals where no batch is made. (Not the interval before
-    # the first: the processes' start-up reads their code there.)
+    # The bytes, over every interval from the first with a worker (the first batch's
+    # reads come before it is made) or, with num_workers=0, from the first batch (before
+    # it the training process reads its own code) to the last batch: a fetch slower than
+    # an interval reads in intervals where no batch is made.
+    if not in_process:
+        first = next((i for i, rec in enumerate(recs[:first])
+                      if amount(_role(rec, "worker"), "pids")), first)
     for rec in recs[first:last + 1]:
-        job = rec.get("job")
-        roles = job.get("roles") if isinstance(job, dict) else None
-        role = roles.get("main" if in_process else "worker") if isinstance(roles, dict) else None
+        role = _role(rec, "main" if in_process else "worker")
         got = amount(role, "rchar_s")
         read += (max(0.0, got - amount(role, "wchar_s")) if cache else got) * _secs(rec)
         disk += amount(role, "read_bytes_s") * _secs(rec)
         net += network_bytes(rec)
     return Pipeline(batches, samples, fetch, cpu, collate, idle, files, handovers, handover,
                     read, disk, in_process, processes, net, mapped, on_disk)
+
+
+def _role(rec: dict[str, Any], name: str) -> dict[str, Any] | None:
+    job = rec.get("job")
+    roles = job.get("roles") if isinstance(job, dict) else None
+    role = roles.get(name) if isinstance(roles, dict) else None
+    return role if isinstance(role, dict) else None
 
 
 def dataset_mapped(meta: dict[str, Any]) -> bool:
