@@ -38,6 +38,7 @@ bench: setup
 	$(BIN)/python bench/bench_run.py --out bench/RESULTS.md
 	$(BIN)/python bench/bench_report.py --out bench/RESULTS.md
 	$(BIN)/python bench/bench_exporter.py --out bench/RESULTS.md
+	$(BIN)/python bench/bench_discovery.py --out bench/RESULTS.md
 
 # Runs the fault, bad-input and security suites and rewrites RELIABILITY.md (root: every case).
 reliability: setup

@@ -116,6 +116,8 @@ class NetWatch:
         """Peer -> the sockets open at the last scan."""
         self._procs = ProcessTable(proc_root)
         self._cmdlines: dict[int, list[str]] = {}
+        self._not_tcp: set[int] = set()
+        """Socket inodes the tcp tables did not list (Unix, netlink ...)."""
 
     def note_url(self, url: str) -> None:
         """A URL the job's Python code opened (NOTE [dataset folders])."""
@@ -132,10 +134,7 @@ class NetWatch:
         every byte it received since it opened (in the job, all but the first moments of
         a connection the job itself opened)."""
         found: list[Peer] = []
-        try:
-            table = sockets.peers_of(pids, self.proc_root)
-        except OSError:
-            return found
+        table = self._established(pids)
         seen: dict[tuple[str, int], set[int]] = {}
         for pid, entries in table.items():
             for e in entries:
@@ -158,6 +157,39 @@ class NetWatch:
         self._open = seen
         self._count_bytes()
         return found
+
+    def _established(self, pids: list[int]) -> dict[int, list[sockets.TcpEntry]]:
+        """The established TCP connections of each of ``pids``.
+
+        The kernel's tcp tables take milliseconds to read whatever few sockets they
+        hold (it walks its hash of every connection), and a DataLoader's processes hold
+        Unix sockets all run long. So the tables are read only when a process holds a
+        socket not known to be anything but TCP, or one of the connections of the last
+        look: a socket the tables did not list is remembered as no TCP socket."""
+        held = {pid: sockets.socket_inodes(pid, self.proc_root) for pid in pids}
+        live = {i for inodes in self._open.values() for i in inodes}
+        if not any(i not in self._not_tcp or i in live for inodes in held.values()
+                   for i in inodes):
+            return {pid: [] for pid in held}
+        out: dict[int, list[sockets.TcpEntry]] = {pid: [] for pid in held}
+        tables: dict[int | None, dict[int, sockets.TcpEntry]] = {}
+        for pid, inodes in held.items():
+            if not inodes:
+                continue
+            ns = sockets.net_namespace(pid, self.proc_root)
+            table = tables.get(ns) if ns is not None else None
+            if table is None:
+                table = sockets.read_tcp(pid, self.proc_root)
+                if ns is not None:
+                    tables[ns] = table
+            for i in inodes:
+                entry = table.get(i)
+                if entry is None:
+                    if len(self._not_tcp) < _INODES_MAX * 4:
+                        self._not_tcp.add(i)
+                elif entry.state == "ESTABLISHED":
+                    out[pid].append(entry)
+        return out
 
     def _name(self, peer: Peer, pid: int | None) -> Peer:
         """The scheme, host and an example URL of a peer: from the command line of the

@@ -186,6 +186,8 @@ class Recorder:
         self._maps_seen: dict[int, int] = {}
         self._born: dict[int, float] = {}
         """When each process was first seen (its maps are read often while it is young)."""
+        self._sockets: set[int] = set()
+        """The processes the last scan of open files saw holding a socket."""
         self._server_pids: dict[int, str] = {}
         """Local servers of the dataset's peers -> the peer's name."""
         self._server_devs: set[int] = set()
@@ -376,9 +378,12 @@ class Recorder:
         net = self.storage.net
         if self._discovery_due():
             mine = [p for p in samples if p not in self.exclude_pids]
+            self._sockets.clear()
             self._scan_fds(mine)
             self._discover_mapped(mine)
-            for peer in net.scan(self._fetch_side(samples, workers) or mine):
+            # (only the processes the scan saw holding a socket: the tables are read for them)
+            side = [p for p in self._fetch_side(samples, workers) or mine if p in self._sockets]
+            for peer in net.scan(side) if side or net.peers else ():
                 self.storage_now[:] = self.storage.meta()
                 if peer.server_pid is not None:
                     self._server_pids[peer.server_pid] = peer.name
@@ -449,9 +454,9 @@ class Recorder:
     def _discover_mapped(self, pids: list[int]) -> None:
         """Folders of the data files the job's processes map into memory (numpy.memmap,
         LMDB, Arrow): opened once and closed, they show in no fd list. Each process's maps
-        are read when it is first seen, then at every pass while it is young (its first
-        _EARLY_S seconds, when libraries map their data), then every _MAPS_EVERY passes
-        (the maps are long: every library)."""
+        are read when it is first seen, then 1, 2, 4 and 8 passes later while it is young
+        (its first _EARLY_S seconds, when libraries map their data), then every
+        _MAPS_EVERY passes (the maps are long: every library)."""
         exclude = self._not_data()
         now = time.monotonic()
         for pid in pids:
@@ -459,9 +464,11 @@ class Recorder:
             if first is None:
                 self._maps_seen[pid] = first = self._maps_pass
                 self._born[pid] = now
-            elif (now - self._born.get(pid, now) >= _EARLY_S
-                  and (self._maps_pass - first) % _MAPS_EVERY):
-                continue
+            else:
+                age = self._maps_pass - first
+                young = now - self._born.get(pid, now) < _EARLY_S
+                if (age & (age - 1)) if young else age % _MAPS_EVERY:
+                    continue  # (young: read at ages 1, 2, 4, 8 ... passes)
             for path in read_mapped_files(pid, self.proc_root, exclude):
                 folder = os.path.dirname(path) or "/"
                 self.timing.paths.append((pid, folder, 0))
@@ -505,7 +512,11 @@ class Recorder:
                 link = os.path.join(fd_dir, fd)
                 try:
                     target = os.readlink(link)
-                    if not target.startswith("/") or target.startswith(("/proc/", "/sys/")):
+                    if not target.startswith("/"):
+                        if target.startswith("socket:"):
+                            self._sockets.add(pid)
+                        continue
+                    if target.startswith(("/proc/", "/sys/")):
                         continue
                     key = (pid, target)
                     known = key in self._held
