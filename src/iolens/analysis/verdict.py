@@ -1156,15 +1156,11 @@ def _storage_from_inside(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any
             v.recommendations.append(_probe_rec(
                 v, "whether the store answers slowly (then more workers help) "
                 "or limits the requests it serves (then only a cache does) decides the fix"))
-            rec = _raise_workers(
-                v, workers, more, "each worker waits on the store's latency one sample at "
-                "a time", ceiling)
-            rec.action = ("if the store answers each request slowly rather than limiting "
-                          "how many it serves, keep more requests in flight: " + rec.action)
-            if rec.prediction is not None:
-                rec.prediction.basis.insert(0, "if the store's latency, not a rate limit, "
-                                               "sets the pace (the probe tells)")
-            v.offer(rec)
+            v.offer(_if_slow_store(
+                v, workers, more, ceiling, "each worker waits on the store's latency one "
+                "sample at a time", unless="limiting how many it serves",
+                basis="if the store's latency, not a rate limit, sets the pace (the probe "
+                "tells)"))
         if (pipe.files_per_sample or 0.0) >= 0.5:
             v.recommendations.append(Recommendation(
                 "store fewer, larger objects: tar shards (WebDataset) read sequentially, one "
@@ -1269,14 +1265,22 @@ def _network_store(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]],
         v.offer(cache)
     else:
         v.offer(cache)
-        rec = _raise_workers(v, workers, more, "each worker waits on the store one request "
-                             "at a time", ceiling)
-        rec.action = ("if the store answers each request slowly rather than capping its "
-                      "throughput, keep more requests in flight: " + rec.action)
-        if rec.prediction is not None:
-            rec.prediction.basis.insert(0, "if the store's latency, not a cap on its "
-                                           "throughput, sets the pace (not told by this run)")
-        v.offer(rec)
+        v.offer(_if_slow_store(
+            v, workers, more, ceiling, "each worker waits on the store one request at a time",
+            unless="capping its throughput", basis="if the store's latency, not a cap on its "
+            "throughput, sets the pace (not told by this run)"))
+
+
+def _if_slow_store(v: Verdict, workers: int, more: int, ceiling: str, because: str, *,
+                   unless: str, basis: str) -> Recommendation:
+    """More workers, on the condition the run cannot settle: that the store answers each
+    request slowly rather than ``unless`` (a rate limit, a cap on its throughput)."""
+    rec = _raise_workers(v, workers, more, because, ceiling)
+    rec.action = (f"if the store answers each request slowly rather than {unless}, keep more "
+                  "requests in flight: " + rec.action)
+    if rec.prediction is not None:
+        rec.prediction.basis.insert(0, basis)
+    return rec
 
 
 def _fuse_waiting(win: Sequence[dict[str, Any]], mount: str) -> float | None:
