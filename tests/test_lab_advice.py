@@ -155,7 +155,7 @@ def test_cpu_heavy_samples_with_a_free_core_get_one_more_worker(tmp_path: Path) 
     # Busy on the CPU: the verdict asks for 80% of a core, or half a core when the machine
     # has none idle (this one is shared: other work may hold the rest).
     assert before["processes"]["worker"]["cpu_pct"] >= rules.WORKER_CPU_SOME
-    assert "1 DataLoader workers at" in v["evidence"][0]
+    assert "1 DataLoader worker at" in v["evidence"][0]
     rec = first_fix(before, "num_workers")
     # one worker keeps a core busy; the second core is free, a third worker would queue
     assert rec["change"]["num_workers"] == 2, rec

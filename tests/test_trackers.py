@@ -18,9 +18,11 @@ pytest.importorskip("torch")
 from tests.test_mlflow import TRAIN
 
 # Each tracker's package, its install hint, and a setting of its own that makes it fail
-# once the run has started.
+# once the run has started (its store opens before the job starts: an experiment that is
+# not there fails only when the run is made in it). "{tmp}" is the test's folder.
 TRACKERS = {
-    "mlflow": ("MLflow", "mlflow", {"MLFLOW_TRACKING_URI": "nosuchscheme://nowhere"}),
+    "mlflow": ("MLflow", "mlflow", {"MLFLOW_TRACKING_URI": "sqlite:///{tmp}/mlflow.db",
+                                    "MLFLOW_EXPERIMENT_ID": "424242"}),
     "wandb": ("W&B", "wandb", {"WANDB_MODE": "no-such-mode"}),
 }
 
@@ -48,7 +50,7 @@ def test_a_tracker_that_fails_is_dropped_with_a_note_and_the_job_runs_on(
     pytest.importorskip(package)
     (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WANDB_"))}
-    env.update(breaks, HOME=str(tmp_path))
+    env.update({k: v.format(tmp=tmp_path) for k, v in breaks.items()}, HOME=str(tmp_path))
     out = subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.5", "--out",
                           str(tmp_path / "run"), "--no-live", f"--{name}", "--",
                           sys.executable, str(tmp_path / "train.py"), "plain"],
