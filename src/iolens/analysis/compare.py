@@ -99,6 +99,7 @@ MIXED = "mixed"
 """The comparison's source when one run has every batch and the other per-interval figures."""
 
 GATE_METRICS = ("step-time", "data-wait", "throughput", "data-wait-share")
+
 """Metrics a ``--fail-on`` bound can name."""
 
 
@@ -946,8 +947,30 @@ class GateResult:
                 "regression": _round(self.regression, 3), "reason": self.reason}
 
 
+RUN_NOISE: dict[str, float] = {"step-time": 15.0, "throughput": 3.0, "data-wait": 12.0,
+                               "data-wait-share": 2.5}
+"""NOTE [run-to-run noise]: the block bootstrap measures the noise within each run, not
+how far a second run of the same configuration lands: on a shared machine that drifts by
+more (the review saw 2 of 4 same-configuration pairs cross `step-time:5%` as "real").
+A bound is crossed only when even the interval's nearer end is worse than this floor (in
+percent; points for the share): the largest drift of 10 same-configuration pairs of a
+6-second lab run here (median step time 12.0%, throughput 2.3%, mean data wait 8.6%,
+data-wait share 1.6 points), a quarter more, rounded up. tests/test_lab_gate.py measures
+it again in CI."""
+
+
+def _beyond_noise(m: MetricResult) -> float | None:
+    """How much worse NEW is at the interval's end nearest to no change (percent, or
+    points), or None without an interval."""
+    if m.ci_low is None or m.ci_high is None or m.spec.better is None:
+        return None
+    return m.ci_low if m.spec.better == "lower" else -m.ci_high
+
+
 def evaluate_gate(metrics: Sequence[MetricResult], bounds: Sequence[Bound]) -> list[GateResult]:
-    """Each bound is crossed only when its regression exceeds the threshold and is real."""
+    """Each bound is crossed only when its regression exceeds the threshold, is real, and
+    stays worse than the run-to-run floor at its interval's nearer end (NOTE [run-to-run
+    noise])."""
     out = []
     for bound in bounds:
         m = next((x for x in metrics if x.spec.id == bound.metric), None)
@@ -966,9 +989,17 @@ def evaluate_gate(metrics: Sequence[MetricResult], bounds: Sequence[Bound]) -> l
         if reg is None or m.real is None:
             out.append(GateResult(bound, "too-short", f"{m.spec.label}: {m.statement()}", reg))
             continue
-        if m.real and reg > bound.threshold:
+        floor = RUN_NOISE.get(bound.metric, 0.0)
+        near = _beyond_noise(m)
+        if m.real and reg > bound.threshold and near is not None and near <= floor:
+            status = "passed"
+            why = (f"{reg:.1f}{unit} worse, more than {bound.threshold:g}{unit}, but within "
+                   f"the run-to-run variation: the interval reaches {near:+.1f}{unit}, and "
+                   f"runs of one configuration differ by up to {floor:g}{unit} here")
+        elif m.real and reg > bound.threshold:
             status = "crossed"
-            why = f"regressed by {reg:.1f}{unit}, more than {bound.threshold:g}{unit}, and real"
+            why = (f"regressed by {reg:.1f}{unit}, more than {bound.threshold:g}{unit}, real, "
+                   f"and beyond the run-to-run variation ({floor:g}{unit})")
         elif reg > bound.threshold:
             status = "passed"
             why = (f"{reg:.1f}{unit} worse, more than {bound.threshold:g}{unit}, but within "
