@@ -330,3 +330,40 @@ def test_a_spawn_script_without_the_main_guard_says_what_happened(tmp_path: Path
     assert any("began iterating a DataLoader (2 workers)" in e and "no batch came" in e
                for e in ev), ev
     assert not any("not a Python program" in e for e in ev), ev
+
+
+def test_a_job_hung_at_its_dataloader_is_named_hung(tmp_path: Path) -> None:
+    """A job whose workers wait forever for a store that never answers (a FIFO nobody
+    writes), stopped by a time limit as a user's scheduler would: the verdict is `hung`,
+    with where the workers wait, and the advice to set DataLoader(timeout=...)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    script = tmp_path / "stuck.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time, torch
+        from torch.utils.data import DataLoader, Dataset
+        class D(Dataset):
+            def __len__(self):
+                return 64
+            def __getitem__(self, i):
+                if i >= 16:
+                    with open(sys.argv[1], "rb") as fh:  # a store that never answers
+                        fh.read()
+                return torch.zeros(4)
+        if __name__ == "__main__":
+            for x in DataLoader(D(), batch_size=8, num_workers=2):
+                time.sleep(0.01)
+    """))
+    out = subprocess.run(["timeout", "-s", "TERM", "55", sys.executable, "-m", "iolens", "run",
+                          "--no-live", "--out", str(tmp_path / "run"), "--", sys.executable,
+                          str(script), str(fifo)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode != 0
+    assert "iolens: verdict: hung" in out.stderr, out.stderr[-2000:]
+    rep = json.loads(subprocess.run(
+        [sys.executable, "-m", "iolens", "report", str(tmp_path / "run"), "--format", "json"],
+        capture_output=True, text=True, timeout=120, check=True).stdout)
+    v = rep["verdict"]
+    assert v["class"] == "hung" and v["evidence"][0].startswith("no batch came in the last")
+    assert "worker" in v["evidence"][0] and "wait_for_partner" in v["evidence"][0], v
+    assert "DataLoader(timeout=" in v["recommendations"][0]["action"]
