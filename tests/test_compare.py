@@ -161,6 +161,40 @@ def test_blocks_keep_slow_stretches_together(monkeypatch: pytest.MonkeyPatch) ->
     assert false_alarms <= 3
 
 
+def epochs(n: int, seed: int, *, stalls: list[float], every: int = 100) -> C.BatchSamples:
+    """``n`` steady batches of about 22 ms; the batch opening epoch k takes ``stalls[k]`` s."""
+    b = series(n, seed, scale=2.2, sd=0.05, wait=0.1)
+    b.firsts = list(range(0, n, every))
+    for k, i in enumerate(b.firsts):
+        b.steps[i] = b.waits[i] = int(stalls[k] * 1e9)
+    return b
+
+
+def test_epoch_starts_are_resampled_apart_from_the_steady_batches() -> None:
+    """Workers that start again each epoch (2.5 s) against persistent ones (the run's first
+    start only): a 60% gain. Blocks that happen to hold epoch starts drawn as often as chance
+    gives call it noise; the epoch starts kept as many as the run had call it real."""
+    base = epochs(400, 1, stalls=[2.5, 2.5, 2.5, 2.5])
+    new = epochs(400, 2, stalls=[2.5, 0.02, 0.02, 0.02])
+    thr = by_id(C.compare_batches(base, new), "throughput")
+    assert thr.real and thr.change is not None and thr.change > 40
+    assert thr.ci_low is not None and thr.ci_high is not None
+    assert thr.ci_low > 20 and thr.ci_high - thr.ci_low < 40
+    base.firsts, new.firsts = [], []  # as before: epoch starts somewhere in the blocks
+    blind = by_id(C.compare_batches(base, new), "throughput")
+    assert blind.ci_low is not None and blind.ci_high is not None
+    assert blind.ci_high - blind.ci_low > 2 * (thr.ci_high - thr.ci_low)
+
+
+def test_strata_keep_every_sample_once_and_the_run_start_alone() -> None:
+    st = C.strata(100, [0, 50, 99])
+    assert sorted(st.order) == list(range(100))
+    assert st.order[-3:] == [0, 50, 99] and st.sizes[-2:] == [1, 2]
+    assert sum(st.sizes) == len(st.bounds) and st.bounds[-1][1] == 100
+    # epoch starts that are most of the batches are the run's ordinary pace
+    assert C.strata(10, [0, 1, 2, 4, 6, 8]) == C.strata(10)
+
+
 # -- reading the timing files ----------------------------------------------------------------
 
 

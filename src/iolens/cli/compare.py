@@ -26,9 +26,10 @@ per-interval figures when it lacks them. When only one run has every batch,
 step time is compared as a mean, and the other run's p50 and p95 are
 approximate: the output marks them as not the same kind. A difference is
 "real" when a block bootstrap of the two runs (2000 resamples of contiguous
-stretches of batches, fixed seed) puts its 95% confidence interval entirely
-on one side of no change; otherwise it is "within noise". Runs with fewer
-than 20 batches (or intervals) are too short to tell.
+stretches of batches, fixed seed; each resample keeps as many epoch starts as
+the run had) puts its 95% confidence interval entirely on one side of no
+change; otherwise it is "within noise". Runs with fewer than 20 batches (or
+intervals) are too short to tell.
 
 --fail-on METRIC:THRESHOLD[,...]  (repeatable) a bound on regression:
   step-time:N%        NEW's step time more than N% longer

@@ -79,6 +79,8 @@ class TrainingAggregator:
     num_workers: int = 0
     """The most DataLoader workers a loader that started an epoch asked for."""
     epoch_start_waits: list[int] = field(default_factory=list)
+    firsts: list[int] = field(default_factory=list)
+    """Indices into ``waits`` (this interval) of the batches that opened an epoch."""
     worker_pids: dict[int, int] = field(default_factory=dict)
     """Worker pid -> worker id, as the loaders reported them."""
     ranks: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -146,6 +148,7 @@ class TrainingAggregator:
                 if key in self._epoch_pending:
                     self._epoch_pending.discard(key)
                     self.epoch_start_waits.append(wait)
+                    self.firsts.append(len(self.waits) - 1)
             elif rtype == records.EPOCH:
                 if b < 0:
                     self.skipped += 1
@@ -287,6 +290,7 @@ class TrainingAggregator:
         self.ends = []
         self.num_workers = 0
         self.epoch_start_waits = []
+        self.firsts = []
         return out
 
 
