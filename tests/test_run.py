@@ -330,6 +330,11 @@ def test_a_spawn_script_without_the_main_guard_says_what_happened(tmp_path: Path
     assert any("began iterating a DataLoader (2 workers)" in e and "no batch came" in e
                for e in ev), ev
     assert not any("not a Python program" in e for e in ev), ev
+    # the advice: the job's own error, and the guard spawned workers need
+    action = rep["verdict"]["recommendations"][0]["action"]
+    assert "fix the error the job exited with (code 1)" in action, action
+    assert 'if __name__ == "__main__":' in action and "spawn" in action, action
+    assert "instrument" not in action, action
 
 
 def test_a_job_hung_at_its_dataloader_is_named_hung(tmp_path: Path) -> None:

@@ -564,6 +564,21 @@ def _no_steps(records: Sequence[dict[str, Any]], meta: dict[str, Any],
                    "batch; wrap other loaders with iolens.instrument(loader) or mark steps "
                    "with iolens.step()")
     v = Verdict(NO_STEPS, "unknown", None, evidence=why, figures=figures, findings=findings)
+    code = meta.get("exit_code")
+    if began and isinstance(code, int) and not isinstance(code, bool) and code != 0:
+        # It failed before its first batch: the loop is timed, the job's error is the news.
+        spawned = sorted({str(ld.get("start_method")) for ld in meta.get("loaders") or []
+                          if isinstance(ld, dict)
+                          and ld.get("start_method") in ("spawn", "forkserver")})
+        action = (f"fix the error the job exited with (code {code}) before its first batch: "
+                  "its own output says what failed")
+        if spawned:
+            action += (f"; its DataLoader workers start by {' and '.join(spawned)}, which "
+                       "imports the script again in each worker: the training loop must run "
+                       "under `if __name__ == \"__main__\":`")
+        v.recommendations.append(Recommendation(action, why[-1], "a run that reaches its "
+                                                "first batch"))
+        return v
     if meta.get("instrumented") is False:
         action = "record again without --no-instrument"
     elif meta.get("instrumented") is True:
