@@ -96,11 +96,14 @@ if __name__ == "__main__":
 """
 
 
-def test_spawn_workers_made_persistent_are_a_real_gain_and_the_reverse_fails_the_gate(
+def test_spawn_workers_are_told_to_persist_the_gain_holds_and_the_reverse_fails_the_gate(
         tmp_path: Path) -> None:
-    """Spawned workers started again each epoch (seconds each) against persistent ones: the
-    review saw a 74% gain called "within noise (95% CI -22.1% to +265.1%)" (NOTE [epoch
-    starts apart] in iolens/analysis/compare.py)."""
+    """Spawned workers started again each epoch (seconds each): the review saw the verdict
+    lead with "do not add DataLoader workers", and the 74% gain of persistent workers called
+    "within noise (95% CI -22.1% to +265.1%)" (NOTE [epoch starts apart] in
+    iolens/analysis/compare.py). The verdict now leads with persistent_workers=True and a
+    prediction (35.1 steps/s, 31.6-38.6, here; 33.9 measured after); the run after it holds
+    it within 25%, and the gain is real."""
     script = tmp_path / "spawn_train.py"
     script.write_text(SPAWN)
     runs = {}
@@ -112,7 +115,13 @@ def test_spawn_workers_made_persistent_are_a_real_gain_and_the_reverse_fails_the
     out = subprocess.run([sys.executable, "-m", "iolens", "compare", str(runs["respawn"]),
                           str(runs["persistent"]), "--format", "json"],
                          capture_output=True, text=True, timeout=120, check=True)
-    thr = next(m for m in json.loads(out.stdout)["metrics"] if m["id"] == "throughput")
+    cmp = json.loads(out.stdout)
+    thr = next(m for m in cmp["metrics"] if m["id"] == "throughput")
     assert thr["real"] is True and thr["ci_low"] > 10, thr
+    first = cmp["verdicts"]["base"]["recommendations"][0]
+    assert first["change"] == {"persistent_workers": True} and first["prediction"], first
+    proof = cmp["prediction"]
+    assert proof["change"] == {"persistent_workers": True}, proof
+    assert abs(proof["error"]) <= 0.25 and proof["held"], proof
     code, bounds = gate(runs["persistent"], runs["respawn"])
     assert code == 1 and bounds["throughput"]["status"] == "crossed", bounds

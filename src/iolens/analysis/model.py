@@ -92,6 +92,9 @@ class Figures:
     storage_sps: float | None = None
     """Samples per second the storage serves at most in this reading pattern (None: not
     known to bind)."""
+    first_start_s: float = 0.0
+    """The part of ``epoch_start_s`` that is the run's first epoch: the processes and
+    workers start and caches are cold in every configuration, so no change removes it."""
 
 
 @dataclass
@@ -188,7 +191,10 @@ def cheaper_compute(factor: float) -> Change:
 
 
 def no_epoch_starts() -> Change:
-    return lambda f: dataclasses.replace(f, epoch_start_s=0.0)
+    """Workers that persist: the epochs after the first start with their workers ready;
+    the run's own start stays."""
+    return lambda f: dataclasses.replace(f, epoch_start_s=min(f.epoch_start_s,
+                                                              f.first_start_s))
 
 
 # -- from a run's records ---------------------------------------------------------------
@@ -237,6 +243,12 @@ def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
     # end of the start-up (imports, listing the dataset, starting workers) and the start
     # of the shutdown, which a step does not.
     steady = records[1:-1] if len(records) >= CPU_SKIP_FROM else records
+    # ... and the intervals in which an epoch began, where there are enough others: the
+    # CPU of starting workers (a spawned worker imports torch again) is the epoch start's,
+    # which persistent workers do not pay, not the step's.
+    calm = [r for r in steady if not _num(_train(r), "epochs_started")]
+    if len(calm) >= max(1, len(steady) // 2):
+        steady = calm
     secs = cpu_batches = main_cpu = worker_cpu = job_cpu = busy = 0.0
     for r in steady:
         s = _num(r, "interval_s")
@@ -276,11 +288,16 @@ def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
     mean_wait = wait / batches
     n_starts = sum(_num(_train(r).get("epoch_start_wait"), "count") for r in records)
     extra = max(0.0, starts - n_starts * mean_wait) / batches if n_starts else 0.0
+    first = next((d for r in records
+                  if _num(d := _train(r).get("epoch_start_wait"), "count") > 0), None)
+    first_extra = (min(extra, max(0.0, _num(first, "sum_s") / _num(first, "count")
+                                  - mean_wait) / batches) if first is not None else 0.0)
     f = Figures(
         steps_per_s=batches / step,
         compute_s=max(1e-6, (step - wait) / batches),
         handover_s=handover, batch=per, workers=workers, fetch_s=fetch,
-        fetch_cpu_s=fetch_cpu, collate_s=collate, epoch_start_s=extra, cores=cores,
+        fetch_cpu_s=fetch_cpu, collate_s=collate, epoch_start_s=extra,
+        first_start_s=first_extra, cores=cores,
         main_cpu_s=main_s, loader_cpu_s=loader, storage_sps=storage_sps)
     # Absurd figures (a damaged record) give no model rather than an infinite prediction.
     sane = all(math.isfinite(x) and 0 <= x < FIGURE_MAX
@@ -350,7 +367,13 @@ class Model:
                 # a saturated device's rate in one part is its ceiling there.
                 part = figures(chunk, cpus, storage_sps, n)
                 if part is not None:
-                    self.parts.append(part)
+                    # Epoch starts are the run's (how many epochs it ran), not a part's:
+                    # a part that happens to hold one would swing the spread by its seconds.
+                    steady = 1 / part.steps_per_s - part.epoch_start_s
+                    self.parts.append(dataclasses.replace(
+                        part, epoch_start_s=self.whole.epoch_start_s,
+                        first_start_s=self.whole.first_start_s,
+                        steps_per_s=1 / (max(steady, 1e-9) + self.whole.epoch_start_s)))
 
     @property
     def now(self) -> Rate | None:

@@ -52,7 +52,10 @@ def changes(before: Verdict, after: Verdict, before_records: Sequence[dict[str, 
         if fb.handover_s > 0 and fa.handover_s <= CHANGED * fb.handover_s and (
                 fa.workers == fb.workers):
             out["handover"] = round(fa.handover_s / fb.handover_s, 3)
-        if fb.epoch_start_s > 0 and fa.epoch_start_s <= (1 - CHANGED) * fb.epoch_start_s:
+        # the epochs after the first (the run's own start is in every configuration)
+        later_b = fb.epoch_start_s - fb.first_start_s
+        later_a = fa.epoch_start_s - fa.first_start_s
+        if later_b > 0 and later_a <= (1 - CHANGED) * later_b:
             out["persistent_workers"] = True
     pb, pa = pipeline(before_records), pipeline(after_records)
     files_b = pb.files_per_sample if pb is not None else None

@@ -86,6 +86,9 @@ EPOCH_START_RATIO = 5.0
 are started anew each epoch (no persistent_workers) or prefetch is empty."""
 EPOCH_START_SHARE = 0.02
 """... and those first batches add up to 2% of the step time or more."""
+EPOCH_START_LEAD = 0.25
+"""Workers started anew each epoch whose starts (the run's first left out) are a quarter
+of the data wait or more: keeping them is the verdict's first advice."""
 
 # -- ranks -----------------------------------------------------------------------------
 STRAGGLER_GAP = 0.10

@@ -464,6 +464,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
         _compute_bound(v, timed)
     else:
         _input_bound(v, timed, meta)
+        _epoch_starts_first(v, timed)
     if batches < rules.MIN_BATCHES:
         v.evidence.append(f"only {plural(batches, 'batch', 'batches')} timed: a longer run "
                           "gives a firmer verdict")
@@ -1304,6 +1305,36 @@ def _fuse_waiting(win: Sequence[dict[str, Any]], mount: str) -> float | None:
             and d.get("waiting") is not None]
     secs = sum(s for _, s in vals)
     return sum(v * s for v, s in vals) / secs if secs else None
+
+
+def _epoch_starts_first(v: Verdict, timed: Sequence[dict[str, Any]]) -> None:
+    """Workers started anew each epoch (not persistent), whose epoch starts after the run's
+    first are a large part of the data wait: keeping the workers comes first, with its
+    prediction, whatever the steady batches wait for."""
+    f = v.model.whole if v.model is not None else None
+    if f is None or not f.workers or v.already("persistent_workers", True):
+        return
+    batches = sum(_num(_train(r), "batches") for r in timed)
+    wait = sum(_sum(r, "data_wait") for r in timed)
+    later = (f.epoch_start_s - f.first_start_s) * batches
+    if wait <= 0 or later < rules.EPOCH_START_LEAD * wait:
+        return
+    keep = {"persistent_workers": True}
+    rec = next((r for r in v.recommendations if r.change == keep), None)
+    if rec is None:
+        rec = v.fix("set persistent_workers=True, so that each epoch does not start its "
+                    "workers anew", "the epochs' first batches wait for new workers",
+                    "the epoch starts' wait", keep, pm.no_epoch_starts(),
+                    basis=["without the epochs' first batches' wait, the run's first kept"])
+        if rec.prediction is not None and rec.prediction.gain < rules.MIN_GAIN:
+            return
+    else:
+        v.recommendations.remove(rec)
+    v.recommendations.insert(0, rec)
+    v.evidence.append(f"the epochs after the first start their {plural(f.workers, 'worker')} "
+                      f"anew (persistent_workers=False): their first batches waited "
+                      f"{later:.1f} s beyond a batch's wait, {later / wait * 100:.0f}% of the "
+                      "data wait")
 
 
 def _handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *,
