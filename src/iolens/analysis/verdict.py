@@ -465,6 +465,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     else:
         _input_bound(v, timed, meta)
         _epoch_starts_first(v, timed)
+        _nothing_to_gain(v)
     if batches < rules.MIN_BATCHES:
         v.evidence.append(f"only {plural(batches, 'batch', 'batches')} timed: a longer run "
                           "gives a firmer verdict")
@@ -814,6 +815,10 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
                 basis=["one reader ahead of the loop, as one worker"]))
         elif target > workers and v.model is not None:
             v.offer(_raise_workers(v, workers, target, why_more, ceiling))
+        elif v.model is not None and workers and model_target is None:
+            # The model's workers do not bind: one more is the candidate it sizes (offered
+            # only if the model predicts it gains; else it is declined with its figure).
+            v.offer(_raise_workers(v, workers, workers + 1, why_more, ceiling))
         elif target > workers:
             v.recommendations.append(Recommendation(
                 f"raise num_workers from {workers} to {target}", why_more, ceiling,
@@ -1305,6 +1310,34 @@ def _fuse_waiting(win: Sequence[dict[str, Any]], mount: str) -> float | None:
             and d.get("waiting") is not None]
     secs = sum(s for _, s in vals)
     return sum(v * s for v, s in vals) / secs if secs else None
+
+
+def _nothing_to_gain(v: Verdict) -> None:
+    """A moderate wait where no fix the model sizes gains MIN_GAIN: the first advice is to
+    leave the input pipeline alone, with the best candidate's figure, rather than a change
+    that gains nothing or an advice not to change."""
+    if v.model is None or (v.data_wait_share or 0.0) >= rules.HIGH:
+        return
+    sized = [r for r in [*v.recommendations, *v.declined]
+             if r.prediction is not None and r.change]
+    if not sized or any(r.prediction.gain >= rules.MIN_GAIN for r in sized if r.prediction):
+        return
+    best = max(sized, key=lambda r: r.prediction.gain if r.prediction else 0.0)
+    p = best.prediction
+    assert p is not None
+    for r in [r for r in v.recommendations if r in sized]:
+        v.recommendations.remove(r)
+        v.declined.append(r)
+    # (a search for better loader settings, which the model says would find none, goes too)
+    v.recommendations = [r for r in v.recommendations if r.action != _tune().action]
+    short = best.action.split(":")[0].split(", so that")[0]
+    v.recommendations.insert(0, Recommendation(
+        f"leave the input pipeline as it is: no change iolens can size gains "
+        f"{(rules.MIN_GAIN - 1) * 100:.0f}% or more (the best, {short}, is predicted at "
+        f"{p.steps_per_s:.3g} steps/s against {p.now:.3g} now, {(p.gain - 1) * 100:+.1f}%)",
+        f"the loop waits {(v.data_wait_share or 0.0) * 100:.1f}% of its step time and each "
+        "change the model sizes leaves most of it", "none from the input side", None,
+        "nothing to change: the figure is the best candidate's"))
 
 
 def _epoch_starts_first(v: Verdict, timed: Sequence[dict[str, Any]]) -> None:
