@@ -113,6 +113,10 @@ of them cannot shorten the wait that is left (hand-over, epoch starts)."""
 READS_DATA_BYTES = 1024.0
 """A fetch that reads under 1 KiB per sample through syscalls, in no file, reads no
 dataset: what it blocks on is not storage."""
+READS_DATA_BYTES_IN_PROCESS = 8192.0
+"""... 8 KiB where the training process fetches (num_workers=0): its rchar is the whole
+process's, and the modules it imports lazily in its first seconds came to 0.5-2.6 KiB a
+sample in a 7-second lab run that read no file."""
 HANDOVER_SHARE = 0.5
 """With the workers idle, the wait is the hand-over's when the batches' hand-over and the
 epochs' first batches make half of it or more; else the workers idle behind one slow

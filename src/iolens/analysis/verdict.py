@@ -1046,7 +1046,8 @@ def reads_dataset(pipe: Pipeline, storage: Sequence[dict[str, Any]] = ()) -> boo
     """Whether the fetch reads files or bytes enough to be reading a dataset: files
     opened, bytes read through syscalls, bytes read from a device (page faults of a
     memmap count there, not in rchar), or a dataset mapped into memory."""
-    return (bool(pipe.files) or (pipe.bytes_per_sample or 0.0) >= rules.READS_DATA_BYTES
+    least = rules.READS_DATA_BYTES_IN_PROCESS if pipe.in_process else rules.READS_DATA_BYTES
+    return (bool(pipe.files) or (pipe.bytes_per_sample or 0.0) >= least
             or (pipe.disk_bytes_per_sample or 0.0) >= rules.READS_DATA_BYTES
             or any(s.get("mapped") for s in storage[:1]))
 
