@@ -173,3 +173,91 @@ def test_absurd_figures_give_no_model_rather_than_a_crash(key: str, value: float
     p = m.predict(pm.more_workers(4))
     assert p is None or (math.isfinite(p.steps_per_s) and p.low <= p.high)
     assert m.workers_to_next_limit() in (None, *range(2, pm.MAX_WORKERS + 1))
+
+
+# -- the loop's own records, paired per batch (NOTE [epoch starts in the model]) ----------
+
+MS = 1_000_000
+
+
+def loop_records(epochs: list[float], per_epoch: int, *, compute: float = 0.021,
+                 wait: float = 0.060, cut_every: int = 20) -> list[dict[str, Any]]:
+    """Interval records of a loop: each epoch starts with ``iter()`` taking ``epochs[k]`` s
+    (starting workers), then ``per_epoch`` batches, each waited for ``wait`` s (the first
+    3x longer) and trained on for ``compute`` s. The records are cut every ``cut_every``
+    batches, through the recorder's own aggregator: a batch's wait that began in one
+    interval and ended in the next counts where it ended."""
+    from array import array
+
+    from iolens.rundir import records as rr
+    from iolens.rundir.timing import TrainingAggregator
+
+    agg = TrainingAggregator()
+    t, n, out = 10 * 10**9, 0, []
+    recs = array("q")
+
+    def cut() -> None:
+        agg.feed(4242, recs)
+        del recs[:]
+        rec = interval(len(out), batches=1)  # the pipeline's figures; train's replaced
+        rec["train"] = {**agg.take(), "pipeline": rec["train"]["pipeline"]}
+        pipe = rec["train"]["pipeline"]
+        got = rec["train"]["batches"]
+        for k in ("batches", "collate_s"):
+            pipe[k] = pipe[k] * got
+        for k in ("samples", "fetch_s", "fetch_cpu_s", "files"):
+            pipe[k] = pipe[k] * got
+        pipe["handover"] = {"count": got, "sum_s": 0.001 * got}
+        out.append(rec)
+
+    for start in epochs:
+        recs.extend((rr.EPOCH | 1 << rr.TAG_SHIFT, t, 1))
+        t += int(start * 1e9)
+        for i in range(per_epoch):
+            w = wait * (3 if i == 0 else 1)
+            recs.extend((rr.BATCH | 1 << rr.TAG_SHIFT, t, t + int(w * 1e9)))
+            t += int((w + compute) * 1e9)
+            n += 1
+            if n % cut_every == cut_every // 2:  # mid-batch: the next wait straddles the cut
+                cut()
+    cut()
+    return out
+
+
+def test_compute_is_the_steady_batches_own_not_the_epoch_starts() -> None:
+    """One epoch whose iter() took 1 s (workers starting): the interval sums put it in the
+    step less its wait (21 ms + 1 s / 60 batches = 38 ms); paired per batch, the compute is
+    the 21 ms of the other batches, and the start is the run's own."""
+    m = Model(loop_records([1.0], 60), cpus=2)
+    f = m.whole
+    assert f is not None
+    assert f.compute_s == pytest.approx(0.021, rel=1e-3)
+    # the first batch: 1 s + 3 x 60 ms against a steady 81 ms, over 60 steps
+    assert f.epoch_start_s == pytest.approx((1.0 + 0.180 - 0.081) / 60, rel=1e-3)
+    assert f.first_start_s == pytest.approx(f.epoch_start_s)
+    # persistent workers cannot remove the run's own start
+    assert rate(pm.no_epoch_starts()(f)).steps_per_s == pytest.approx(rate(f).steps_per_s)
+
+
+def test_persistent_workers_remove_the_later_epoch_starts_only() -> None:
+    m = Model(loop_records([1.0, 0.5, 0.5, 0.5], 50), cpus=2)
+    f = m.whole
+    assert f is not None
+    assert f.compute_s == pytest.approx(0.021, rel=1e-3)
+    extra = 0.180 - 0.081  # a first batch's wait beyond a steady step
+    assert f.epoch_start_s == pytest.approx((1.0 + 1.5 + 4 * extra) / 200, rel=1e-3)
+    assert f.first_start_s == pytest.approx((1.0 + extra) / 200, rel=1e-3)
+    kept = pm.no_epoch_starts()(f)
+    assert kept.epoch_start_s == pytest.approx(f.first_start_s)
+    # the whole run as measured: 200 steady steps of 81 ms and the four starts
+    total = 200 * 0.081 + 2.5 + 4 * extra
+    assert f.steps_per_s == pytest.approx(200 / total, rel=1e-3)
+    assert m.now is not None and m.now.steps_per_s == pytest.approx(f.steps_per_s, rel=0.02)
+
+
+def test_where_the_intervals_are_cut_does_not_move_the_figures() -> None:
+    a = Model(loop_records([1.0, 0.5], 60, cut_every=7), cpus=2).whole
+    b = Model(loop_records([1.0, 0.5], 60, cut_every=40), cpus=2).whole
+    assert a is not None and b is not None
+    for k in ("compute_s", "epoch_start_s", "first_start_s", "steps_per_s"):
+        assert getattr(a, k) == pytest.approx(getattr(b, k), rel=1e-6), k

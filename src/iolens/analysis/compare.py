@@ -167,6 +167,7 @@ def read_batches(run_path: str, cap: int = MAX_BATCHES) -> BatchSamples | None:
                     agg.waits.clear()
                     agg.marks.clear()
                     agg.epoch_start_waits.clear()
+                    agg.epoch_start_steps.clear()
                     agg.firsts.clear()
         except OSError:
             continue  # a file that cannot be read is left out whole

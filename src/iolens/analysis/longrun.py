@@ -63,7 +63,7 @@ _JOB_FIGURES = frozenset({"pids", "cpu_pct", "read_bytes_s", "write_bytes_s", "r
                           "wchar_s", "cache_hit"})
 _TRAIN_FIGURES = frozenset({"batches", "epochs_started", "data_wait_share", "num_workers",
                             "world_size"})
-_TRAIN_MAPS = ("data_wait", "step", "epoch_start_wait")
+_TRAIN_MAPS = ("data_wait", "step", "epoch_start_wait", "epoch_start_step")
 _GPU_FIGURES = frozenset({"index", "util_pct", "mem_util_pct", "mem_used_bytes",
                           "mem_total_bytes"})
 _GPU_LISTS = frozenset({"pids", "proc_mem_bytes", "job_pids"})
@@ -352,6 +352,7 @@ class Bucket:
     step: _Dist = field(default_factory=_Dist)
     marks: _Dist = field(default_factory=_Dist)
     epoch_start: _Dist = field(default_factory=_Dist)
+    epoch_start_step: _Dist = field(default_factory=_Dist)
     loader_steps: bool = False
     pipe: list[float] = field(default_factory=lambda: [0.0] * 11)
     """train.pipeline summed: batches, samples, fetch, fetch CPU, collate, idle, files,
@@ -509,6 +510,9 @@ class Bucket:
             esw = g("epoch_start_wait")
             if esw:
                 self.epoch_start.add(esw)
+            ess = g("epoch_start_step")
+            if ess:
+                self.epoch_start_step.add(ess)
             pl = g("pipeline")
             if pl:
                 q = self.pipe
@@ -600,7 +604,8 @@ class Bucket:
             max(self.pipe[9], o.pipe[9]), max(self.pipe[10], o.pipe[10])]
         self.iterable |= o.iterable
         for acc, other in ((self.wait, o.wait), (self.step, o.step), (self.marks, o.marks),
-                           (self.epoch_start, o.epoch_start)):
+                           (self.epoch_start, o.epoch_start),
+                           (self.epoch_start_step, o.epoch_start_step)):
             acc.merge(other)
         for rank, a in o.ranks.items():
             have = self.ranks.get(rank)
@@ -679,6 +684,8 @@ class Bucket:
                          data_wait_share=None)
         if self.epoch_start.count:
             train["epoch_start_wait"] = self.epoch_start.out()
+        if self.epoch_start_step.count:
+            train["epoch_start_step"] = self.epoch_start_step.out()
         if self.epochs:
             train["num_workers"] = self.workers
         q = self.pipe

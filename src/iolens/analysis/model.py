@@ -283,18 +283,39 @@ def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
     if cpus and secs > 0:
         others = max(0.0, busy - job_cpu) / secs
         cores = max(0.5, cpus - others)
-    # The epochs' first batches wait for workers to start; their wait beyond a typical
-    # one is spread over the steps.
-    mean_wait = wait / batches
-    n_starts = sum(_num(_train(r).get("epoch_start_wait"), "count") for r in records)
-    extra = max(0.0, starts - n_starts * mean_wait) / batches if n_starts else 0.0
-    first = next((d for r in records
-                  if _num(d := _train(r).get("epoch_start_wait"), "count") > 0), None)
-    first_extra = (min(extra, max(0.0, _num(first, "sum_s") / _num(first, "count")
-                                  - mean_wait) / batches) if first is not None else 0.0)
+    # NOTE [epoch starts in the model]: the batches that open an epoch are an epoch
+    # start's, not a step's: their step runs from iter() (which starts the workers, or
+    # wakes persistent ones) and their wait holds the workers' first fetches. The loop's
+    # compute and the typical wait are the other batches' (the loop's records pair each
+    # batch's step with its own wait); what the first batches take beyond such a step is
+    # the epoch start, spread over the steps. A run's single first batch held 100 ms of
+    # worker start in its step: 0.7 ms more compute a batch over a 147-batch starved run.
+    n_starts = start_steps = 0.0
+    first: tuple[float, float] | None = None
+    for r in records:
+        t = _train(r)
+        sw, ss = t.get("epoch_start_wait"), t.get("epoch_start_step")
+        count = _num(sw, "count")
+        if count <= 0:
+            continue
+        n_starts += count
+        # (records from before the steps were kept: the step taken as the wait)
+        ss_sum = _num(ss, "sum_s") if isinstance(ss, dict) else _num(sw, "sum_s")
+        start_steps += ss_sum
+        if first is None:
+            first = (ss_sum, count)
+    steady_n = batches - n_starts
+    if n_starts and steady_n >= n_starts:
+        compute = (step - wait - (start_steps - starts)) / steady_n
+        per_step = compute + (wait - starts) / steady_n
+    else:  # epochs of a batch or two: their first batches are the run's pace
+        compute, per_step, n_starts, first = (step - wait) / batches, step / batches, 0, None
+    extra = max(0.0, start_steps - n_starts * per_step) / batches if n_starts else 0.0
+    first_extra = (min(extra, max(0.0, first[0] / first[1] - per_step) / batches)
+                   if first is not None else 0.0)
     f = Figures(
         steps_per_s=batches / step,
-        compute_s=max(1e-6, (step - wait) / batches),
+        compute_s=max(1e-6, compute),
         handover_s=handover, batch=per, workers=workers, fetch_s=fetch,
         fetch_cpu_s=fetch_cpu, collate_s=collate, epoch_start_s=extra,
         first_start_s=first_extra, cores=cores,

@@ -79,6 +79,9 @@ class TrainingAggregator:
     num_workers: int = 0
     """The most DataLoader workers a loader that started an epoch asked for."""
     epoch_start_waits: list[int] = field(default_factory=list)
+    epoch_start_steps: list[int] = field(default_factory=list)
+    """The steps of the batches that opened an epoch, in the order of ``epoch_start_waits``:
+    from the start of the epoch (``iter()``, which starts workers) to the batch."""
     firsts: list[int] = field(default_factory=list)
     """Indices into ``waits`` (this interval) of the batches that opened an epoch."""
     worker_pids: dict[int, int] = field(default_factory=dict)
@@ -148,6 +151,7 @@ class TrainingAggregator:
                 if key in self._epoch_pending:
                     self._epoch_pending.discard(key)
                     self.epoch_start_waits.append(wait)
+                    self.epoch_start_steps.append(step)
                     self.firsts.append(len(self.waits) - 1)
             elif rtype == records.EPOCH:
                 if b < 0:
@@ -267,6 +271,7 @@ class TrainingAggregator:
                                   if self.steps and step_sum > 0 else None)
         if self.epoch_start_waits:
             out["epoch_start_wait"] = distribution(self.epoch_start_waits)
+            out["epoch_start_step"] = distribution(self.epoch_start_steps)
         if self.epochs:
             out["num_workers"] = self.num_workers
         if self.iterable:
@@ -290,6 +295,7 @@ class TrainingAggregator:
         self.ends = []
         self.num_workers = 0
         self.epoch_start_waits = []
+        self.epoch_start_steps = []
         self.firsts = []
         return out
 
