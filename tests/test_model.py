@@ -127,7 +127,8 @@ def test_the_worker_count_reaches_the_next_limit_not_a_doubling() -> None:
     assert p is not None and p.limit == "compute"
     assert p.steps_per_s == pytest.approx(1 / 0.022, rel=0.02)
     assert p.low < p.steps_per_s < p.high
-    assert p.basis[0] == "5 workers" and "steps/s each stage allows" in p.basis[-1]
+    assert p.basis[0] == "5 workers" and "steps/s each stage allows" in p.basis[-2]
+    assert p.basis[-1].startswith("90% interval")
 
 
 def test_no_more_workers_where_they_do_not_bind() -> None:
@@ -261,3 +262,35 @@ def test_where_the_intervals_are_cut_does_not_move_the_figures() -> None:
     assert a is not None and b is not None
     for k in ("compute_s", "epoch_start_s", "first_start_s", "steps_per_s"):
         assert getattr(a, k) == pytest.approx(getattr(b, k), rel=1e-6), k
+
+
+# -- the interval of a prediction (NOTE [prediction intervals]) ----------------------------
+
+
+def test_a_steady_run_gets_the_model_error_alone() -> None:
+    m = Model([interval(i) for i in range(30)], cpus=2)
+    p = m.predict(pm.more_workers(5))
+    assert p is not None
+    assert p.low == pytest.approx(p.steps_per_s * (1 - pm.MODEL_ERROR), rel=1e-6)
+    assert p.high == pytest.approx(p.steps_per_s * (1 + pm.MODEL_ERROR), rel=1e-6)
+    assert "-0%/+0%" in p.basis[-1] and "on the lab cases" in p.basis[-1]
+
+
+def test_a_run_that_varies_gets_a_wider_interval_the_same_each_time() -> None:
+    # the steps alternate between slow and fast stretches of 5 intervals
+    recs = [interval(i, step=0.120 if (i // 5) % 2 else 0.081,
+                     wait=0.099 if (i // 5) % 2 else 0.060) for i in range(40)]
+    p = Model(recs, cpus=2).predict(pm.more_workers(2))
+    assert p is not None and p.low < p.steps_per_s < p.high
+    assert p.high / p.steps_per_s - 1 > 1.2 * pm.MODEL_ERROR or (
+        1 - p.low / p.steps_per_s > 1.2 * pm.MODEL_ERROR), p
+    again = Model(recs, cpus=2).predict(pm.more_workers(2))
+    assert again is not None and (again.low, again.high) == (p.low, p.high)
+
+
+def test_too_few_steady_batches_give_no_prediction_and_say_how_many_more() -> None:
+    m = Model([interval(i, batches=2) for i in range(5)], cpus=2)
+    assert m.whole is not None  # the figures are there ...
+    assert m.predict(pm.more_workers(5)) is None  # ... too few to predict from
+    assert m.unavailable is not None and "10 steady batches" in m.unavailable
+    assert f"{pm.MIN_STEADY_BATCHES - 10} more" in m.unavailable

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from iolens.analysis.longrun import Bucket
 from iolens.analysis.pipeline import Pipeline, pipeline
 from iolens.analysis.pipeline import amount as _num
 
@@ -41,21 +42,29 @@ LIMITS = ("compute", "handover", "workers", "cpu", "storage")
 HANDOVER_NAMED = 0.25
 """The loop's limit is named ``handover`` when the hand-over is this share of the loop's
 time per step or more: a cheaper hand-over is then what lifts it."""
-MIN_SPREAD = 0.10
-"""The interval is at least +-10%: a shared machine's runs vary that much between runs."""
-MAX_SPREAD = 0.5
-"""... and at most +-50%: beyond that the figure says too little to be offered."""
+CONFIDENCE = 0.90
+"""A prediction's ``low``-``high`` is a 90% interval (NOTE [prediction intervals])."""
+RESAMPLES = 200
+SEED = 20261203
+"""Seeds the resampling: the same run always gives the same interval."""
+MAX_BLOCKS = 40
+"""Blocks of intervals resampled, at most (longer blocks beyond): bounds the work."""
+MIN_BLOCKS = 5
+MODEL_ERROR = 0.10
+"""The model's own error on the lab cases: the largest of bench/RESULTS.md's prediction
+table (each case's fix followed, three runs after it), which the interval holds beside the
+run's own variation."""
+MIN_STEADY_BATCHES = 20
+"""Fewer steady batches (not opening an epoch) than this: no prediction."""
 TARGET_MARGIN = 1.15
 """Workers are sized for 15% above the next limit: the batches do not all take the mean
 time, and a worker short of the rate leaves the loop waiting."""
 MAX_WORKERS = 64
 """No more workers than this are advised (each is a process with its own memory)."""
-PARTS = 5
 FIGURE_MAX = 1e12
 """No stage figure of a real run comes near this (seconds, samples, steps per second)."""
 CPU_SKIP_FROM = 4
 """From this many timed intervals on, the first and last are left out of the CPU per step."""
-"""The run is cut into this many parts for the spread of a prediction."""
 HANDOVER_PRIOR_S = 0.002
 """A run without workers has no hand-over to measure; a batch of tensors takes about 2 ms
 to cross from a worker (a shared-memory descriptor sent over a socket per tensor, and the
@@ -370,31 +379,92 @@ class Prediction:
                 f"then {self.limit}-bound), now {self.now:.3g}")
 
 
+"""NOTE [prediction intervals]: a prediction's interval holds two errors. The run's own
+variation: the run's intervals (less its first and last, the start-up and the shutdown)
+are cut into contiguous blocks of about sqrt(n), each folded into one record as the
+long-run buckets are (iolens.analysis.longrun), and the blocks are resampled
+(RESAMPLES times, fixed seed); each resample gives the stage costs again, and the
+prediction is made from each (its measured rate times what the change does to its model's
+rate), so the 5th and 95th percentiles of those predictions are how far the run's
+variation moves the figure. Blocks, not intervals, because neighbouring intervals are
+alike (a cache warming, a slow stretch of the disk). Each resample keeps the whole run's
+epoch starts: how many epochs a run has is its own, not a resample's, and a block that
+held a start of seconds would swing the spread by it. And the model's own error: how far
+its predictions missed in the lab cases (MODEL_ERROR, or this run's own misfit if larger),
+added to each side in quadrature. The basis says both."""
+
+
+def _folded_blocks(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The run's intervals (less its first and last) in contiguous blocks, each folded into
+    one record."""
+    pool = list(records[1:-1]) if len(records) >= CPU_SKIP_FROM else list(records)
+    n = len(pool)
+    if not n:
+        return []
+    length = max(math.ceil(math.sqrt(n)), math.ceil(n / MAX_BLOCKS))
+    length = max(1, min(length, n // MIN_BLOCKS or 1))
+    out = []
+    for a in range(0, n, length):
+        b = Bucket()
+        for r in pool[a:a + length]:
+            try:
+                b.add(r)
+            except (TypeError, ValueError, AttributeError):
+                continue  # (a damaged record: the whole run's figures left it out too)
+        if b.n:
+            out.append(b.record())
+    return out
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    pos = q * (len(ordered) - 1)
+    i = math.floor(pos)
+    j = min(i + 1, len(ordered) - 1)
+    return ordered[i] + (ordered[j] - ordered[i]) * (pos - i)
+
+
 class Model:
-    """The model of one run, with its parts for the spread of its predictions."""
+    """The model of one run, with resamples of it for the interval of its predictions."""
 
     def __init__(self, records: Sequence[dict[str, Any]], cpus: int | None,
                  storage_sps: float | None = None) -> None:
         self.records = list(records)
         self.cpus = cpus
         self.whole = figures(self.records, cpus, storage_sps)
-        n = self.whole.workers if self.whole is not None else None
-        self.parts: list[Figures] = []
-        if self.whole is not None and len(self.records) >= 2 * PARTS:
-            k = len(self.records) / PARTS
-            for i in range(PARTS):
-                chunk = self.records[round(i * k):round((i + 1) * k)]
-                # A part keeps the whole run's storage ceiling scaled to its own rate:
-                # a saturated device's rate in one part is its ceiling there.
-                part = figures(chunk, cpus, storage_sps, n)
-                if part is not None:
-                    # Epoch starts are the run's (how many epochs it ran), not a part's:
-                    # a part that happens to hold one would swing the spread by its seconds.
-                    steady = 1 / part.steps_per_s - part.epoch_start_s
-                    self.parts.append(dataclasses.replace(
-                        part, epoch_start_s=self.whole.epoch_start_s,
-                        first_start_s=self.whole.first_start_s,
-                        steps_per_s=1 / (max(steady, 1e-9) + self.whole.epoch_start_s)))
+        self.unavailable: str | None = None
+        """Why the model predicts nothing though it has figures (too few batches)."""
+        self.draws: list[Figures] = []
+        whole = self.whole
+        if whole is None:
+            return
+        steady = self.steady_batches()
+        if steady < MIN_STEADY_BATCHES:
+            self.unavailable = (
+                f"the run timed {steady} steady batches (not opening an epoch); a prediction "
+                f"needs {MIN_STEADY_BATCHES}: {MIN_STEADY_BATCHES - steady} more, a longer run")
+            return
+        blocks = _folded_blocks(self.records)
+        rng = random.Random(SEED)
+        for _ in range(RESAMPLES if len(blocks) >= 2 else 0):
+            picks = rng.choices(blocks, k=len(blocks))
+            # Each resample keeps the run's storage ceiling: a saturated device's rate in
+            # a resample is its ceiling there.
+            d = figures(picks, cpus, storage_sps, whole.workers)
+            if d is None:
+                continue
+            paced = 1 / d.steps_per_s - d.epoch_start_s  # its steps without its starts
+            self.draws.append(dataclasses.replace(
+                d, epoch_start_s=whole.epoch_start_s, first_start_s=whole.first_start_s,
+                steps_per_s=1 / (max(paced, 1e-9) + whole.epoch_start_s)))
+
+    def steady_batches(self) -> int:
+        """Batches timed that did not open an epoch."""
+        n = starts = 0.0
+        for r in self.records:
+            t = _train(r)
+            n += _num(t, "batches")
+            starts += _num(t.get("epoch_start_wait"), "count")
+        return max(0, int(n - starts))
 
     @property
     def now(self) -> Rate | None:
@@ -411,7 +481,7 @@ class Model:
     def predict(self, change: Change, workers: int | None = None,
                 basis: Sequence[str] = ()) -> Prediction | None:
         """The rate after ``change`` (and ``workers``), or None without a model."""
-        if self.whole is None:
+        if self.whole is None or self.unavailable is not None:
             return None
         after = rate(change(self.whole), workers)
         # Calibrated on the run itself: the measured rate times what the change does to
@@ -419,17 +489,21 @@ class Model:
         point = self.whole.steps_per_s * _ratio(after, rate(self.whole))
         if not math.isfinite(point) or point <= 0:
             return None
-        # The first and last parts hold the start-up and the shutdown: the spread is
-        # over the parts between them.
-        middle = self.parts[1:-1] if len(self.parts) >= 4 else self.parts
-        spread = [x for p in middle
-                  if math.isfinite(x := p.steps_per_s * _ratio(rate(change(p), workers),
-                                                                rate(p)))]
-        rel = [abs(s / point - 1) for s in spread if point > 0]
-        u = min(MAX_SPREAD, max(MIN_SPREAD, self.fit or 0.0,
-                                statistics.median(rel) * 2 if rel else 0.0))
-        return Prediction(point, point * (1 - u), point * (1 + u), after.limit,
-                          [*basis, _limits_text(after)], self.whole.steps_per_s)
+        # NOTE [prediction intervals]
+        spread = sorted(x / point for d in self.draws
+                        if math.isfinite(x := d.steps_per_s * _ratio(
+                            rate(change(d), workers), rate(d))))
+        tail = (1 - CONFIDENCE) / 2
+        down = max(0.0, 1 - _quantile(spread, tail)) if spread else 0.0
+        up = max(0.0, _quantile(spread, 1 - tail) - 1) if spread else 0.0
+        err = max(MODEL_ERROR, self.fit or 0.0)
+        lo, hi = math.hypot(down, err), math.hypot(up, err)
+        how = (f"{CONFIDENCE * 100:.0f}% interval: the run's own variation -{down * 100:.0f}%/"
+               f"+{up * 100:.0f}% (its intervals resampled in blocks, {len(spread)} times) "
+               f"and the model's error of {err * 100:.0f}% "
+               + ("on the lab cases" if err == MODEL_ERROR else "on this run as it was"))
+        return Prediction(point, point * max(0.0, 1 - lo), point * (1 + hi), after.limit,
+                          [*basis, _limits_text(after), how], self.whole.steps_per_s)
 
     def workers_to_next_limit(self) -> int | None:
         """The fewest workers whose rate clears the next limit by TARGET_MARGIN (not a

@@ -184,6 +184,8 @@ class Verdict:
             unavailable: str | None = None) -> Recommendation:
         """A recommendation with the model's prediction of the throughput after it."""
         pred = self.predict(how, workers=workers, basis=basis)
+        if pred is None and unavailable is None and self.model is not None:
+            unavailable = self.model.unavailable  # (too few batches to predict from)
         return Recommendation(action, because, gain, pred, unavailable, change)
 
     def lines(self) -> list[str]:
@@ -1550,7 +1552,7 @@ def _write_stall(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, An
     batches = sum(_num(_train(r), "batches") for r in timed)
     now = batches / step_total
     free = batches / max(step_total - excess, 1e-9)
-    u = pm.MIN_SPREAD
+    u = pm.MODEL_ERROR  # (the model's error on the lab cases; the stalls' spread untold)
     recs = [
         Recommendation(
             "write checkpoints asynchronously (a background thread or torch.distributed."
@@ -1559,7 +1561,8 @@ def _write_stall(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, An
             f"up to {1 / (1 - min(stall_share, 0.99)):.2f}x more steps per second without the "
             "stalls",
             Prediction(free, free * (1 - u), free * (1 + u), "compute", [
-                f"the steps without their {excess:.1f} s of stalls beyond a typical step"],
+                f"the steps without their {excess:.1f} s of stalls beyond a typical step",
+                f"interval: the model's error of {u * 100:.0f}% on the lab cases"],
                 now), change={"checkpoint": "async"}),
         Recommendation(
             "write checkpoints to faster or local storage and copy them off later",
