@@ -39,6 +39,7 @@ bench: setup
 	$(BIN)/python bench/bench_report.py --out bench/RESULTS.md
 	$(BIN)/python bench/bench_exporter.py --out bench/RESULTS.md
 	$(BIN)/python bench/bench_discovery.py --out bench/RESULTS.md
+	$(BIN)/python bench/bench_predictions.py --out bench/RESULTS.md
 
 # Runs the fault, bad-input and security suites and rewrites RELIABILITY.md (root: every case).
 reliability: setup

@@ -115,8 +115,11 @@ def proved(tmp_path: Path, rec: dict[str, Any], first: float) -> None:
                          capture_output=True, text=True, timeout=120, check=True)
     proof = json.loads(cmp.stdout)["prediction"]
     assert set(rec["change"]) <= set(proof["change"]), (rec, proof)
+    # a factor is held at the amount AFTER measured (NOTE [the change that was made] in
+    # iolens/analysis/proof.py): near the advised one, the prediction is near its
+    factor = any(k in rec["change"] for k in ("fetch_cpu", "handover"))
     assert proof["predicted"]["steps_per_s"] == pytest.approx(
-        rec["prediction"]["steps_per_s"], rel=0.01), proof
+        rec["prediction"]["steps_per_s"], rel=0.15 if factor else 0.01), proof
     assert proof["measured_steps_per_s"] == pytest.approx(first, rel=0.05), (proof, first)
     assert proof["held"] is (abs(proof["error"]) <= 0.25), proof
 

@@ -294,3 +294,35 @@ def test_too_few_steady_batches_give_no_prediction_and_say_how_many_more() -> No
     assert m.predict(pm.more_workers(5)) is None  # ... too few to predict from
     assert m.unavailable is not None and "10 steady batches" in m.unavailable
     assert f"{pm.MIN_STEADY_BATCHES - 10} more" in m.unavailable
+
+
+# -- compare holds the change that was made (NOTE [the change that was made]) ---------------
+
+
+def test_a_cheaper_transform_is_held_against_the_model_of_the_cut_made() -> None:
+    from iolens.analysis import proof
+    from iolens.analysis.verdict import Recommendation, Verdict
+
+    # 2 workers, each sample 5 ms all on CPU, 2 cores: the CPU binds
+    recs = [interval(i, fetch=0.005, cpu=0.005, workers=2) for i in range(30)]
+    for r in recs:
+        r["job"]["roles"]["worker"]["cpu_pct"] = 190.0
+        r["cpu"]["idle"] = 2.0
+    before = Verdict("cpu-bound-input", "high", 0.7, model=Model(recs, cpus=2))
+    halved = before.model.predict(pm.cheaper_fetch(0.5)) if before.model else None
+    assert halved is not None
+    before.recommendations.append(Recommendation(
+        "make the per-sample work cheaper", "the CPU", "more", halved, None,
+        {"fetch_cpu": 0.5}))
+    # AFTER cut the CPU per sample 4x, not 2x: held against the model of a 4x cut
+    pred, action = proof._remodelled(before, {"fetch_cpu": 0.25})
+    assert pred is not None and pred.steps_per_s > 1.3 * halved.steps_per_s, (pred, halved)
+    assert "made as: the CPU per sample times 0.25" in action, action
+    assert any("times 0.25, as measured after" in b for b in pred.basis), pred.basis
+    # made as advised: the advised action, the same figure
+    pred, action = proof._remodelled(before, {"fetch_cpu": 0.52})
+    assert action == "make the per-sample work cheaper" and pred is not None
+    assert pred.steps_per_s == pytest.approx(halved.steps_per_s, rel=0.05)
+    # 9 workers where 4 were advised: the model of 9
+    pred, action = proof._remodelled(before, {"num_workers": 9})
+    assert action.endswith("(not as advised)") and "num_workers 2 to 9" in action

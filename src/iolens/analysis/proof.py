@@ -4,9 +4,10 @@
 DataLoader's num_workers, what serves the dataset, the files per sample, the
 per-sample CPU cost, the hand-over, the epoch starts) and the recommendation of
 BEFORE's verdict that makes that change. Its prediction is then set beside the
-throughput AFTER measured, with the bootstrap interval of the comparison. For
-num_workers the model of BEFORE predicts the count AFTER used, whether or not it
-is the one advised. A prediction holds when the measured throughput is within
+throughput AFTER measured, with the bootstrap interval of the comparison. For the
+changes AFTER's own figures measure (num_workers, the CPU per sample, the hand-over,
+the epoch starts), BEFORE's model predicts the change AFTER made, in AFTER's amounts,
+whether or not they are the ones advised. A prediction holds when the measured throughput is within
 HELD_TOLERANCE of it; one that fails is a bug of the model to learn from.
 """
 
@@ -68,6 +69,59 @@ def changes(before: Verdict, after: Verdict, before_records: Sequence[dict[str, 
     return out
 
 
+_MEASURED = ("num_workers", "fetch_cpu", "handover", "persistent_workers")
+"""Changes whose amount AFTER's own figures give (NOTE [the change that was made])."""
+
+
+def _remodelled(before: Verdict, found: dict[str, Any]) -> tuple[Any, str]:
+    """BEFORE's model evaluated with the changes AFTER made, in AFTER's amounts; and the
+    action, as advised where BEFORE advised exactly that, else as made."""
+    model = before.model
+    assert model is not None
+    steps: list[pm.Change] = []
+    basis: list[str] = []
+    made: list[str] = []
+    if "fetch_cpu" in found:
+        steps.append(pm.cheaper_fetch(float(found["fetch_cpu"])))
+        basis.append(f"the CPU per sample times {found['fetch_cpu']:.2f}, as measured after")
+        made.append(f"the CPU per sample times {found['fetch_cpu']:.2f}")
+    if "handover" in found:
+        steps.append(pm.cheaper_handover(float(found["handover"])))
+        basis.append(f"the hand-over times {found['handover']:.2f}, as measured after")
+        made.append(f"the hand-over times {found['handover']:.2f}")
+    if found.get("persistent_workers"):
+        steps.append(pm.no_epoch_starts())
+        basis.append("without the later epochs' starts")
+        made.append("persistent workers")
+    n = found.get("num_workers")
+    if n is not None:
+        basis.append(f"{n} workers")
+        was = model.whole.workers if model.whole is not None else "?"
+        made.append(f"num_workers {was} to {n}")
+
+    def change(f: pm.Figures) -> pm.Figures:
+        for step in steps:
+            f = step(f)
+        return f
+
+    pred = model.predict(change, None if n is None else int(n), basis=basis)
+    advised = next((r for r in _recs(before) if r.change and set(r.change) == set(found)),
+                   None)
+    if advised is None:
+        return pred, ", ".join(made) + " (not as advised)"
+    assert advised.change is not None
+    if all(_close(advised.change[k], found[k]) for k in found):
+        return pred, advised.action
+    return pred, f"{advised.action} (made as: {', '.join(made)})"
+
+
+def _close(advised: Any, made: Any) -> bool:
+    """Whether an amount made is the one advised (within a tenth for a factor)."""
+    if isinstance(advised, bool) or isinstance(made, bool) or isinstance(advised, int):
+        return bool(advised == made)
+    return abs(float(advised) - float(made)) <= 0.1 * abs(float(advised))
+
+
 def _recs(v: Verdict) -> list[Any]:
     return list(v.recommendations) + list(v.declined) + [
         r for f in v.findings for r in f.recommendations]
@@ -87,13 +141,13 @@ def prove(before: Verdict, after: Verdict, before_records: Sequence[dict[str, An
     pred = None
     action = None
     n = found.get("num_workers")
-    if n is not None and before.model is not None and len(found) == 1:
-        pred = before.model.predict(pm.more_workers(int(n)), basis=[f"{n} workers"])
-        advised = next((r for r in _recs(before)
-                        if (r.change or {}).get("num_workers") == n), None)
-        action = advised.action if advised is not None else (
-            f"num_workers {before.model.whole.workers if before.model.whole else '?'} "
-            f"to {n} (not the count advised)")
+    if before.model is not None and found and set(found) <= set(_MEASURED):
+        # NOTE [the change that was made]: the changes AFTER measured (how many workers,
+        # the CPU per sample, the hand-over, the epoch starts) are BEFORE's model evaluated
+        # with AFTER's own amounts, not with the amounts advised: a transform made 4x
+        # cheaper is held against BEFORE's model of a 4x cheaper one, not of the halving
+        # it advised.
+        pred, action = _remodelled(before, found)
     else:
         keys = set(found) - {"num_workers"} if n is None else set(found)
         for r in _recs(before):
