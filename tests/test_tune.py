@@ -140,6 +140,12 @@ def test_the_worker_steps_and_the_simplest_best() -> None:
     (["--dataset", "{mod}:make", "--seconds", "0"], "--seconds must be above 0"),
     (["--dataset", "{mod}:make", "--max-workers", "-1"], "--max-workers must be 0 or more"),
     (["--dataset", "{mod}:make", "--shape", "3,64"], "expected C,H,W"),
+    (["--dataset", "{mod}:make", "--step-cpu-ms", "5"], "--step-cpu-ms goes with --step-ms"),
+    (["--dataset", "{mod}:make", "--step-ms", "0"], "--step-ms must be above 0"),
+    (["--dataset", "{mod}:make", "--step-ms", "5", "--step-cpu-ms", "9"],
+     "--step-cpu-ms between 0 and it"),
+    (["--dataset", "{mod}:make", "--run", "/no/such/run"], "--run /no/such/run: "),
+    (["--dataset", "{mod}:make", "--run", "x", "--step-ms", "5"], "not allowed with"),
     ([], "one of the arguments --dataset --folder is required"),
 ])
 def test_bad_arguments_exit_2_with_a_message(data_module: str, args: list[str], message: str,
@@ -156,3 +162,62 @@ def test_a_dataset_that_fails_while_read_exits_1(data_module: str,
     assert tune_cmd.main(["--dataset", f"{data_module}:failing", "--max-workers", "0",
                           "--seconds", "0.2", "-q"]) == 1
     assert "ValueError: corrupt sample" in capsys.readouterr().err
+
+
+def test_the_stand_in_step_takes_its_cpu_then_sleeps() -> None:
+    import time
+
+    from iolens.loaderbench.tune import StepLoad
+
+    step = StepLoad(0.05, 0.02, "test")
+    cpu, wall = time.thread_time(), time.monotonic()
+    step(None)
+    cpu, wall = time.thread_time() - cpu, time.monotonic() - wall
+    assert 0.02 <= cpu < 0.04 and wall >= 0.05, (cpu, wall)
+
+
+def test_beside_a_step_the_rate_is_the_trainings_and_alone_it_says_so(
+        data_module: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The review followed `iolens tune`'s best (measured with nothing else on the cores)
+    and the training got slower. Beside a stand-in step, no setting delivers more samples
+    than the step lets the loop take; alone, the output says it measured the loader alone."""
+    args = ["--dataset", f"{data_module}:make", "--seconds", "0.5", "--max-workers", "1",
+            "--batch-size", "8", "-q"]
+    beside = tune_json(capsys, *args, "--step-ms", "100", "--step-cpu-ms", "20")
+    assert beside["step"] == {"step_s": 0.1, "cpu_s": 0.02, "source": "from --step-ms"}
+    # at most a batch of 8 per 100 ms step: 80 samples/s
+    assert all(s["samples_per_s"] <= 80 * 1.02 for s in beside["settings"]), beside
+    assert not any("loader alone" in n for n in beside["notes"]), beside["notes"]
+    alone = tune_json(capsys, *args)
+    assert alone["step"] is None
+    assert any("measured the loader alone" in n and "--run RUN" in n
+               for n in alone["notes"]), alone["notes"]
+    assert max(s["samples_per_s"] for s in alone["settings"]) > 1.3 * 80, alone
+
+
+def test_run_takes_the_step_from_a_recorded_run(data_module: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import subprocess
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import time, torch
+        from torch.utils.data import DataLoader, TensorDataset
+        data = TensorDataset(torch.zeros(4096, 8))
+        end = time.monotonic() + 4
+        while time.monotonic() < end:
+            for x in DataLoader(data, batch_size=16, num_workers=1, persistent_workers=True):
+                time.sleep(0.03)  # the step: 30 ms, asleep (as a wait on a GPU)
+                if time.monotonic() > end:
+                    break
+    """))
+    run = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "iolens", "run", "--no-live", "--out", str(run),
+                    "--", sys.executable, str(script)], capture_output=True, text=True,
+                   timeout=120, check=True)
+    r = tune_json(capsys, "--dataset", f"{data_module}:make", "--seconds", "0.3",
+                  "--max-workers", "0", "--batch-size", "8", "-q", "--run", str(run))
+    step = r["step"]
+    assert step["source"] == f"from {run}"
+    assert step["step_s"] == pytest.approx(0.03, rel=0.25), step
+    assert step["cpu_s"] < 0.5 * step["step_s"], step  # the step sleeps

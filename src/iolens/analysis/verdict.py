@@ -372,6 +372,11 @@ def _train(rec: dict[str, Any]) -> dict[str, Any]:
     return t if isinstance(t, dict) else {}
 
 
+def timed_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The intervals with timed DataLoader batches: what the model is built from."""
+    return [r for r in records if _timed(r)]
+
+
 def _timed(rec: dict[str, Any]) -> bool:
     t = _train(rec)
     return t.get("step_source") == "dataloader" and _num(t, "batches") > 0
@@ -761,7 +766,7 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
             f"the workers spend {worker_cpu:.0f}% of a core each on CPU work"
             if workers else "the CPUs are busy", ceiling, {"fetch_cpu": 0.5},
             pm.cheaper_fetch(0.5), basis=["if the per-sample CPU cost halved"]))
-        v.recommendations.append(_tune())
+        v.recommendations.append(_tune(v))
     else:
         v.cls = "loader-starved"
         if unseen:
@@ -842,7 +847,7 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
                 "use pin_memory=True in the DataLoader and .to(device, non_blocking=True)",
                 "host-to-GPU copies then overlap the step", "overlapped copies", None,
                 "the model does not time the host-to-GPU copy", {"pin_memory": True}))
-        v.recommendations.append(_tune())
+        v.recommendations.append(_tune(v))
     if window is not None:
         window.label = v.cls
         v.windows.append(window)
@@ -1332,7 +1337,7 @@ def _nothing_to_gain(v: Verdict) -> None:
         v.recommendations.remove(r)
         v.declined.append(r)
     # (a search for better loader settings, which the model says would find none, goes too)
-    v.recommendations = [r for r in v.recommendations if r.action != _tune().action]
+    v.recommendations = [r for r in v.recommendations if r.action != _tune(v).action]
     short = best.action.split(":")[0].split(", so that")[0]
     v.recommendations.insert(0, Recommendation(
         f"leave the input pipeline as it is: no change iolens can size gains "
@@ -1428,13 +1433,16 @@ def _handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *
         basis=["if the hand-over took half as long"]))
 
 
-def _tune() -> Recommendation:
-    """Points the input-bound classes without saturated storage at ``iolens tune``."""
+def _tune(v: Verdict) -> Recommendation:
+    """Points the input-bound classes without saturated storage at ``iolens tune``, beside
+    a stand-in for this run's step."""
     return Recommendation(
         "measure the best DataLoader settings on this machine: `iolens tune --dataset "
-        "MODULE:FACTORY` (or `--folder DIR`) measures the samples per second of each "
-        "num_workers, prefetch_factor and persistent_workers, and `iolens probe` how far the "
-        "preprocessing ceiling is from the training step's",
+        f"MODULE:FACTORY --run {v.run_dir}` (or `--folder DIR`) measures the samples per "
+        "second of "
+        "each num_workers, prefetch_factor and persistent_workers beside a stand-in for "
+        "this run's step, and `iolens probe` how far the preprocessing ceiling is from the "
+        "training step's",
         "the right num_workers depends on the per-sample cost and the free cores",
         "the best num_workers, measured", None,
         "a measurement, not a change")

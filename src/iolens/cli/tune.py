@@ -29,8 +29,17 @@ how it measures:
     2. prefetch_factor 4, then 8, at the best worker count, while each gains 5%
     3. persistent_workers=True at the best so far
     4. pin_memory=True, only where CUDA is available (skipped otherwise, and said so)
-  The best is the simplest setting within 3% of the highest rate. The model's step is not
-  run: a loader that outruns it is enough (`iolens probe` compares the two).
+  The best is the simplest setting within 3% of the highest rate.
+
+the training step beside it:
+  Alone, the loop does nothing with each batch, so the workers have every core. In
+  training the step takes its share: on a machine without spare cores the best setting
+  measured alone can be slower in training. --run RUN (a run recorded with `iolens run`)
+  takes the step's time and CPU from that run's figures, and --step-ms MS (with
+  --step-cpu-ms, default all of it) gives them by hand: each batch then costs the loop a
+  stand-in step (that much CPU in the loop's thread, then a sleep for the rest), and the
+  rate is the training's own. Without either, the output says it measured the loader
+  alone.
 
   Run it on the machine and the data the training uses, with nothing else running.
 
@@ -41,6 +50,7 @@ examples:
   iolens tune --dataset mypkg.data:make_dataset --batch-size 64
   iolens tune --folder /data/train --decode image --shape 3,224,224 --seconds 10
   iolens tune --folder /data/train --max-workers 8 --format json > tune.json
+  iolens tune --dataset mypkg.data:make_dataset --run iolens-runs/train-20261203
 """
 
 
@@ -101,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="iolens tune",
         usage="iolens tune (--dataset MODULE:FACTORY | --folder DIR) [--batch-size N] "
-              "[--seconds S] [--max-workers N] [--format text|json]",
+              "[--seconds S] [--max-workers N] [--run RUN | --step-ms MS [--step-cpu-ms MS]] "
+              "[--format text|json]",
         description="Measure how many samples per second the DataLoader delivers over "
                     "num_workers, prefetch_factor, persistent_workers and pin_memory, and "
                     "print the best setting with the rate of each one tried.",
@@ -109,7 +120,47 @@ def build_parser() -> argparse.ArgumentParser:
     add_source_arguments(p, "seconds to measure each setting, after its warm-up (default 5)")
     p.add_argument("--max-workers", type=int, metavar="N",
                    help="the most workers to try (default: the free cores)")
+    step = p.add_argument_group("the training step beside it")
+    one = step.add_mutually_exclusive_group()
+    one.add_argument("--run", metavar="RUN",
+                     help="a run recorded with `iolens run`: its step's time and CPU")
+    one.add_argument("--step-ms", type=float, metavar="MS",
+                     help="a step of MS milliseconds a batch")
+    step.add_argument("--step-cpu-ms", type=float, metavar="MS",
+                      help="--step-ms: how much of it is CPU in the loop (default all)")
     return p
+
+
+def step_load(ns: argparse.Namespace) -> Any:
+    """The stand-in for the training step the options give, or None; usage errors through
+    the parser."""
+    p: argparse.ArgumentParser = ns.parser
+    from iolens.loaderbench.tune import StepLoad  # noqa: PLC0415
+
+    if ns.step_cpu_ms is not None and ns.step_ms is None:
+        p.error("--step-cpu-ms goes with --step-ms")
+    if ns.step_ms is not None:
+        cpu = ns.step_ms if ns.step_cpu_ms is None else ns.step_cpu_ms
+        if not 0 < ns.step_ms <= 60_000 or not 0 <= cpu <= ns.step_ms:
+            p.error(f"--step-ms must be above 0 and at most 60000, and --step-cpu-ms "
+                    f"between 0 and it (got {ns.step_ms:g} and {cpu:g})")
+        return StepLoad(ns.step_ms / 1000, cpu / 1000, "from --step-ms")
+    if ns.run is None:
+        return None
+    from iolens._errors import IolensError  # noqa: PLC0415
+    from iolens.analysis.model import Model  # noqa: PLC0415
+    from iolens.analysis.rundata import load_run  # noqa: PLC0415
+    from iolens.analysis.verdict import timed_records  # noqa: PLC0415
+
+    try:
+        run = load_run(ns.run)
+    except IolensError as exc:
+        p.error(f"--run {ns.run}: {exc}")
+    f = Model(timed_records(run.records), int(run.meta.get("cpus") or 0) or None).whole
+    if f is None:
+        p.error(f"--run {ns.run}: the run has no timed training steps and stages to take "
+                "the step from (record it with `iolens run`, which times them)")
+    return StepLoad(f.compute_s, min(f.compute_s, f.main_cpu_s), f"from {ns.run}")
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -126,13 +177,14 @@ def run(ns: argparse.Namespace) -> int:
         source = load_source(ns, shape)
     except SpecError as exc:
         p.error(str(exc))
+    step = step_load(ns)
     free = cores()
     max_workers = free.free if ns.max_workers is None else ns.max_workers
     return measure_and_print(
         ns, "iolens tune", 1,
         lambda bar: tune(source.dataset, name=source.name, batch_size=ns.batch_size,
                          seconds=ns.seconds, max_workers=max_workers, cores=free,
-                         progress=bar),
+                         progress=bar, step=step),
         render=render_text, failure="the DataLoader failed")
 
 
