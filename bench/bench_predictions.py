@@ -98,9 +98,10 @@ def _advice_cases() -> list[Case]:
 
 
 @contextmanager
-def _slow_disk(**limits: int) -> Iterator[tuple[Path, str, Path]]:
+def _slow_disk(read_bps: int | None = None, read_iops: int | None = None
+               ) -> Iterator[tuple[Path, str, Path]]:
     """A throttled loop device holding 1200 files of 64 KiB, and their copy in /dev/shm."""
-    with SlowDisk(224 << 20, **limits) as disk:
+    with SlowDisk(224 << 20, read_bps=read_bps, read_iops=read_iops) as disk:
         data = Path(disk.mount_point) / "data"
         data.mkdir()
         for i in range(1200):
@@ -126,10 +127,15 @@ def _storage_rows(out: list[Row]) -> None:
         try:
             with _slow_disk(**limits) as (data, cgroup, shm):
                 case.before = [str(data), "6", cgroup]
-                case.after = lambda r, shm=shm: [str(shm), "6", "-"]
+                case.after = _copied(shm)
                 _follow(row)
         except Exception as e:  # noqa: BLE001 - a case that cannot run says why in the table
             row.note = f"not run: {e}"
+
+
+def _copied(shm: Path) -> Callable[[dict[str, Any]], list[str]]:
+    """The arguments of a run that reads the copy in /dev/shm."""
+    return lambda rec: [str(shm), "6", "-"]
 
 
 def _follow(row: Row) -> None:

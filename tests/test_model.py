@@ -194,7 +194,8 @@ def loop_records(epochs: list[float], per_epoch: int, *, compute: float = 0.021,
     from iolens.rundir.timing import TrainingAggregator
 
     agg = TrainingAggregator()
-    t, n, out = 10 * 10**9, 0, []
+    t, n = 10 * 10**9, 0
+    out: list[dict[str, Any]] = []
     recs = array("q")
 
     def cut() -> None:
