@@ -88,7 +88,8 @@ EPOCH_START_SHARE = 0.02
 """... and those first batches add up to 2% of the step time or more."""
 EPOCH_START_LEAD = 0.25
 """Workers started anew each epoch whose starts (the run's first left out) are a quarter
-of the data wait or more: keeping them is the verdict's first advice."""
+of the data wait or more, or 5% of the step time (MODERATE) where the start sits in the
+step (iter() waiting for its workers): keeping them is the verdict's first advice."""
 
 # -- ranks -----------------------------------------------------------------------------
 STRAGGLER_GAP = 0.10

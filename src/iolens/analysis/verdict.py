@@ -469,6 +469,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
         v.cls, v.devices, v.evidence, v.recommendations, v.windows = stall
     elif share < rules.MODERATE:
         _compute_bound(v, timed)
+        _epoch_starts_first(v, timed)
     else:
         _input_bound(v, timed, meta)
         _epoch_starts_first(v, timed)
@@ -1357,8 +1358,12 @@ def _epoch_starts_first(v: Verdict, timed: Sequence[dict[str, Any]]) -> None:
         return
     batches = sum(_num(_train(r), "batches") for r in timed)
     wait = sum(_sum(r, "data_wait") for r in timed)
+    steps = sum(_sum(r, "step") for r in timed)
+    # (the start is in the first batch's wait, or in its step where iter() waits for the
+    # workers: both are the epoch start's, NOTE [epoch starts in the model])
     later = (f.epoch_start_s - f.first_start_s) * batches
-    if wait <= 0 or later < rules.EPOCH_START_LEAD * wait:
+    if steps <= 0 or later <= 0 or (later < rules.EPOCH_START_LEAD * wait
+                                    and later < rules.MODERATE * steps):
         return
     keep = {"persistent_workers": True}
     rec = next((r for r in v.recommendations if r.change == keep), None)
@@ -1373,9 +1378,8 @@ def _epoch_starts_first(v: Verdict, timed: Sequence[dict[str, Any]]) -> None:
         v.recommendations.remove(rec)
     v.recommendations.insert(0, rec)
     v.evidence.append(f"the epochs after the first start their {plural(f.workers, 'worker')} "
-                      f"anew (persistent_workers=False): their first batches waited "
-                      f"{later:.1f} s beyond a batch's wait, {later / wait * 100:.0f}% of the "
-                      "data wait")
+                      f"anew (persistent_workers=False): their first batches took {later:.1f} s "
+                      f"beyond a steady step, {later / steps * 100:.0f}% of the step time")
 
 
 def _handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *,
