@@ -73,6 +73,7 @@ from operator import itemgetter
 from typing import Any
 
 from iolens._errors import IolensError
+from iolens.analysis import resample
 from iolens.analysis.proof import prove
 from iolens.analysis.rundata import RunData
 from iolens.analysis.verdict import Verdict, diagnose
@@ -88,7 +89,7 @@ MAX_BATCHES = 200_000
 """Above this many batches a run is thinned to every k-th batch."""
 MAX_BLOCKS = 200
 """Blocks per run at most (longer blocks beyond that): bounds the work per resample."""
-MIN_BLOCKS = 5
+MIN_BLOCKS = resample.MIN_BLOCKS
 MIN_SAMPLES = 20
 """Fewer batches (or intervals) than this in either run: too short to tell."""
 _VALID_SHARE = 0.9
@@ -261,20 +262,7 @@ def interval_samples(records: Sequence[dict[str, Any]]) -> IntervalSamples:
 
 def block_bounds(n: int) -> list[tuple[int, int]]:
     """Contiguous blocks of about sqrt(n) samples (at least MIN_BLOCKS, at most MAX_BLOCKS)."""
-    if n <= 0:
-        return []
-    length = max(math.ceil(math.sqrt(n)), math.ceil(n / MAX_BLOCKS))
-    length = max(1, min(length, n // MIN_BLOCKS or 1))
-    count = math.ceil(n / length)
-    # equal blocks (sizes differ by at most one) rather than a short last one
-    base, extra = divmod(n, count)
-    out = []
-    start = 0
-    for b in range(count):
-        end = start + base + (b < extra)
-        out.append((start, end))
-        start = end
-    return out
+    return resample.block_bounds(n, MAX_BLOCKS)
 
 
 @dataclass
@@ -434,13 +422,6 @@ class Interval:
     """Resamples that gave a defined value."""
 
 
-def _quantile(ordered: Sequence[float], q: float) -> float:
-    pos = q * (len(ordered) - 1)
-    i = math.floor(pos)
-    j = min(i + 1, len(ordered) - 1)
-    return ordered[i] + (ordered[j] - ordered[i]) * (pos - i)
-
-
 def _draw(rng: random.Random, sizes: Sequence[int]) -> list[int]:
     """One resample's blocks: within each stratum, as many as it has."""
     picks: list[int] = []
@@ -489,7 +470,7 @@ def bootstrap(base: Sequence[Statistic], new: Sequence[Statistic],
             out.append(None)
             continue
         d.sort()
-        out.append(Interval(_quantile(d, tail), _quantile(d, 1 - tail), len(d)))
+        out.append(Interval(resample.quantile(d, tail), resample.quantile(d, 1 - tail), len(d)))
     return out
 
 

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from iolens.analysis import resample
 from iolens.analysis.longrun import Bucket
 from iolens.analysis.pipeline import Pipeline, pipeline
 from iolens.analysis.pipeline import amount as _num
@@ -49,7 +50,6 @@ SEED = 20261203
 """Seeds the resampling: the same run always gives the same interval."""
 MAX_BLOCKS = 40
 """Blocks of intervals resampled, at most (longer blocks beyond): bounds the work."""
-MIN_BLOCKS = 5
 MODEL_ERROR = 0.11
 """The model's own error on the lab cases: the largest of bench/RESULTS.md's prediction
 table (each case's fix followed, three runs after it: 10.7% over 21 runs of 7 cases,
@@ -401,12 +401,10 @@ def _folded_blocks(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     n = len(pool)
     if not n:
         return []
-    length = max(math.ceil(math.sqrt(n)), math.ceil(n / MAX_BLOCKS))
-    length = max(1, min(length, n // MIN_BLOCKS or 1))
     out = []
-    for a in range(0, n, length):
+    for a, z in resample.block_bounds(n, MAX_BLOCKS):
         b = Bucket()
-        for r in pool[a:a + length]:
+        for r in pool[a:z]:
             try:
                 b.add(r)
             except (TypeError, ValueError, AttributeError):
@@ -414,13 +412,6 @@ def _folded_blocks(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if b.n:
             out.append(b.record())
     return out
-
-
-def _quantile(ordered: Sequence[float], q: float) -> float:
-    pos = q * (len(ordered) - 1)
-    i = math.floor(pos)
-    j = min(i + 1, len(ordered) - 1)
-    return ordered[i] + (ordered[j] - ordered[i]) * (pos - i)
 
 
 class Model:
@@ -494,8 +485,8 @@ class Model:
                         if math.isfinite(x := d.steps_per_s * _ratio(
                             rate(change(d), workers), rate(d))))
         tail = (1 - CONFIDENCE) / 2
-        down = max(0.0, 1 - _quantile(spread, tail)) if spread else 0.0
-        up = max(0.0, _quantile(spread, 1 - tail) - 1) if spread else 0.0
+        down = max(0.0, 1 - resample.quantile(spread, tail)) if spread else 0.0
+        up = max(0.0, resample.quantile(spread, 1 - tail) - 1) if spread else 0.0
         err = max(MODEL_ERROR, self.fit or 0.0)
         lo, hi = math.hypot(down, err), math.hypot(up, err)
         how = (f"{CONFIDENCE * 100:.0f}% interval: the run's own variation -{down * 100:.0f}%/"
