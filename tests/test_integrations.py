@@ -217,11 +217,11 @@ LIGHTNING = textwrap.dedent("""
     from torch.utils.data import DataLoader, Dataset
     from iolens.integrations.lightning import IolensCallback
 
-    class Slow(Dataset):  # 8 batches of 4, 5 ms an item
+    class Slow(Dataset):  # 8 batches of 4, 20 ms an item: the wait outweighs a loaded step
         def __len__(self):
             return 32
         def __getitem__(self, i):
-            time.sleep(0.005)
+            time.sleep(0.02)
             return torch.ones(4), torch.ones(1)
 
     class Batches:  # not a DataLoader: 8 batches, 20 ms each
@@ -295,6 +295,8 @@ def test_lightning_callback_records_the_run_and_logs_the_verdict(tmp_path: Path)
     assert batches(run) == 16
     got = outcome(out.stdout)
     assert got["steps"] == 16 and got["run_dir"] == str(run)
+    assert got["metrics"]["iolens/data_wait_share"] == round(
+        meta["summary"]["verdict"]["data_wait_share"], 4)
     assert 0.5 < got["metrics"]["iolens/data_wait_share"] <= 1
     assert got["metrics"]["iolens/severity_level"] == 2 and got["metrics"]["iolens/batches"] == 16
     assert got["metrics"]["iolens/steps_per_s"] > 0
@@ -381,11 +383,11 @@ HUGGINGFACE = textwrap.dedent("""
     from transformers import Trainer, TrainingArguments
     from iolens.integrations.huggingface import IolensCallback
 
-    class Slow(Dataset):  # 8 batches of 4, 5 ms an item
+    class Slow(Dataset):  # 8 batches of 4, 20 ms an item: the wait outweighs a loaded step
         def __len__(self):
             return 32
         def __getitem__(self, i):
-            time.sleep(0.005)
+            time.sleep(0.02)
             return {"x": torch.ones(4), "labels": torch.ones(1)}
 
     class Model(torch.nn.Module):  # built here: nothing is downloaded
@@ -422,6 +424,9 @@ def test_huggingface_callback_records_the_run_and_logs_the_verdict(tmp_path: Pat
     assert batches(run) == 16
     got = outcome(out.stdout)
     assert got["steps"] == 8 and got["run_dir"] == str(run)
+    meta = json.loads((run / "meta.json").read_text())
+    assert got["metrics"]["iolens/data_wait_share"] == round(
+        meta["summary"]["verdict"]["data_wait_share"], 4)
     assert 0.5 < got["metrics"]["iolens/data_wait_share"] <= 1
     assert got["metrics"]["iolens/batches"] == 16 and got["text"]["iolens/severity"] == "high"
     history = outcome(out.stdout, "HISTORY")
