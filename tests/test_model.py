@@ -183,12 +183,15 @@ MS = 1_000_000
 
 def loop_records(epochs: list[float], per_epoch: int, *, compute: float = 0.021,
                  wait: float = 0.060, cut_every: int = 20,
-                 fetch: float = 0.005) -> list[dict[str, Any]]:
+                 fetch: float = 0.005,
+                 pauses: dict[int, float] | None = None) -> list[dict[str, Any]]:
     """Interval records of a loop: each epoch starts with ``iter()`` taking ``epochs[k]`` s
     (starting workers), then ``per_epoch`` batches, each waited for ``wait`` s (the first
     3x longer) and trained on for ``compute`` s. The records are cut every ``cut_every``
     batches, through the recorder's own aggregator: a batch's wait that began in one
-    interval and ended in the next counts where it ended."""
+    interval and ended in the next counts where it ended. ``pauses``: after the batch of
+    that index (counted over the run), the loop pauses so many seconds (a checkpoint), and
+    the next batch is ready when asked for (1 ms)."""
     from array import array
 
     from iolens.rundir import records as rr
@@ -218,13 +221,54 @@ def loop_records(epochs: list[float], per_epoch: int, *, compute: float = 0.021,
         t += int(start * 1e9)
         for i in range(per_epoch):
             w = wait * (3 if i == 0 else 1)
+            if pauses and n - 1 in pauses:
+                w = 0.001
             recs.extend((rr.BATCH | 1 << rr.TAG_SHIFT, t, t + int(w * 1e9)))
-            t += int((w + compute) * 1e9)
+            t += int((w + compute + (pauses or {}).get(n, 0.0)) * 1e9)
             n += 1
             if n % cut_every == cut_every // 2:  # mid-batch: the next wait straddles the cut
                 cut()
     cut()
     return out
+
+
+def test_a_checkpoint_pause_is_its_own_stage_not_the_loops_compute() -> None:
+    """Two 2 s checkpoints in 100 batches of a 21 ms step: in the interval sums they are
+    40 ms more compute a batch. Paired per batch, the batch after each (its step holds the
+    pause, its wait 1 ms: the workers filled the queue meanwhile) is a pause, the compute
+    the others' 21 ms, and what the pauses take beyond a step their own stage, which a
+    change to the loader keeps."""
+    recs = loop_records([0.0], 100, pauses={30: 2.0, 70: 2.0})
+    assert sum(r["train"].get("pause_step", {}).get("count", 0) for r in recs) == 2
+    m = Model(recs, cpus=2)
+    f = m.whole
+    assert f is not None
+    assert f.compute_s == pytest.approx(0.021, rel=1e-3)
+    assert f.pause_s == pytest.approx(2 * (2.022 - 0.081) / 100, rel=1e-3)
+    assert m.steady_batches() == 100 - 1 - 2
+    # the model's rate for the run as it was: its measured one (the loop binds here)
+    assert rate(f).steps_per_s == pytest.approx(f.steps_per_s, rel=0.05)
+    # a cache removes the waits, not the pauses
+    assert rate(pm.cached()(f)).steps_per_s < 1 / (0.021 + 0.001 + f.pause_s) * 1.01
+    assert any("pauses between steps" in b for b in pm.basis_of(f))
+
+
+def test_a_steady_loop_has_no_pauses() -> None:
+    """A loop whose steps vary by 2x, 10 ms to 20 ms, holds no pause."""
+    from array import array
+
+    from iolens.rundir import records as rr
+    from iolens.rundir.timing import TrainingAggregator
+
+    agg = TrainingAggregator()
+    recs: array[int] = array("q")
+    t = 10**9
+    recs.extend((rr.EPOCH | 1 << rr.TAG_SHIFT, t, 1))
+    for i in range(200):
+        recs.extend((rr.BATCH | 1 << rr.TAG_SHIFT, t, t + 1_000_000))
+        t += 1_000_000 + (10_000_000 if i % 3 else 20_000_000)
+    agg.feed(1, recs)
+    assert "pause_step" not in agg.take()
 
 
 def test_compute_is_the_steady_batches_own_not_the_epoch_starts() -> None:

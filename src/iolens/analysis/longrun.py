@@ -63,7 +63,8 @@ _JOB_FIGURES = frozenset({"pids", "cpu_pct", "read_bytes_s", "write_bytes_s", "r
                           "wchar_s", "cache_hit"})
 _TRAIN_FIGURES = frozenset({"batches", "epochs_started", "data_wait_share", "num_workers",
                             "world_size"})
-_TRAIN_MAPS = ("data_wait", "step", "epoch_start_wait", "epoch_start_step")
+_TRAIN_MAPS = ("data_wait", "step", "epoch_start_wait", "epoch_start_step", "pause_wait",
+               "pause_step")
 _GPU_FIGURES = frozenset({"index", "util_pct", "mem_util_pct", "mem_used_bytes",
                           "mem_total_bytes"})
 _GPU_LISTS = frozenset({"pids", "proc_mem_bytes", "job_pids"})
@@ -353,6 +354,8 @@ class Bucket:
     marks: _Dist = field(default_factory=_Dist)
     epoch_start: _Dist = field(default_factory=_Dist)
     epoch_start_step: _Dist = field(default_factory=_Dist)
+    pause: _Dist = field(default_factory=_Dist)
+    pause_step: _Dist = field(default_factory=_Dist)
     loader_steps: bool = False
     pipe: list[float] = field(default_factory=lambda: [0.0] * 11)
     """train.pipeline summed: batches, samples, fetch, fetch CPU, collate, idle, files,
@@ -513,6 +516,10 @@ class Bucket:
             ess = g("epoch_start_step")
             if ess:
                 self.epoch_start_step.add(ess)
+            pw = g("pause_wait")
+            if pw:
+                self.pause.add(pw)
+                self.pause_step.add(g("pause_step") or {})
             pl = g("pipeline")
             if pl:
                 q = self.pipe
@@ -605,7 +612,8 @@ class Bucket:
         self.iterable |= o.iterable
         for acc, other in ((self.wait, o.wait), (self.step, o.step), (self.marks, o.marks),
                            (self.epoch_start, o.epoch_start),
-                           (self.epoch_start_step, o.epoch_start_step)):
+                           (self.epoch_start_step, o.epoch_start_step),
+                           (self.pause, o.pause), (self.pause_step, o.pause_step)):
             acc.merge(other)
         for rank, a in o.ranks.items():
             have = self.ranks.get(rank)
@@ -686,6 +694,9 @@ class Bucket:
             train["epoch_start_wait"] = self.epoch_start.out()
         if self.epoch_start_step.count:
             train["epoch_start_step"] = self.epoch_start_step.out()
+        if self.pause.count:
+            train["pause_wait"] = self.pause.out()
+            train["pause_step"] = self.pause_step.out()
         if self.epochs:
             train["num_workers"] = self.workers
         q = self.pipe

@@ -55,7 +55,7 @@ MODEL_ERROR = 0.11
 table (each case's fix followed, three runs after it: 10.7% over 21 runs of 7 cases,
 median 3.3%), which the interval holds beside the run's own variation."""
 MIN_STEADY_BATCHES = 20
-"""Fewer steady batches (not opening an epoch) than this: no prediction."""
+"""Fewer steady batches (not opening an epoch, holding no pause) than this: no prediction."""
 TARGET_MARGIN = 1.15
 """Workers are sized for 15% above the next limit: the batches do not all take the mean
 time, and a worker short of the rate leaves the loop waiting."""
@@ -104,6 +104,10 @@ class Figures:
     first_start_s: float = 0.0
     """The part of ``epoch_start_s`` that is the run's first epoch: the processes and
     workers start and caches are cold in every configuration, so no change removes it."""
+    pause_s: float = 0.0
+    """Per step on average: what the loop's pauses between steps (a checkpoint, a
+    validation pass: NOTE [pauses] in iolens.rundir.timing) take beyond a step. No change
+    to the input pipeline removes them."""
 
 
 @dataclass
@@ -134,7 +138,8 @@ def rate(f: Figures, workers: int | None = None) -> Rate:
         lim["storage"] = f.storage_sps / f.batch
     limit = min(lim, key=lambda k: lim[k])
     best = lim[limit]
-    steps = 1 / (1 / best + f.epoch_start_s) if math.isfinite(best) and best > 0 else 0.0
+    steps = (1 / (1 / best + f.epoch_start_s + f.pause_s)
+             if math.isfinite(best) and best > 0 else 0.0)
     return Rate(steps, limit, {k: round(v, 4) for k, v in lim.items() if math.isfinite(v)})
 
 
@@ -255,7 +260,8 @@ def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
     # ... and the intervals in which an epoch began, where there are enough others: the
     # CPU of starting workers (a spawned worker imports torch again) is the epoch start's,
     # which persistent workers do not pay, not the step's.
-    calm = [r for r in steady if not _num(_train(r), "epochs_started")]
+    calm = [r for r in steady if not _num(_train(r), "epochs_started")
+            and not _num(_train(r).get("pause_step"), "count")]
     if len(calm) >= max(1, len(steady) // 2):
         steady = calm
     secs = cpu_batches = main_cpu = worker_cpu = job_cpu = busy = 0.0
@@ -301,8 +307,14 @@ def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
     # worker start in its step: 0.7 ms more compute a batch over a 147-batch starved run.
     n_starts = start_steps = 0.0
     first: tuple[float, float] | None = None
+    # The loop's pauses (NOTE [pauses]) are left out of its compute and the typical wait
+    # as the epoch starts are, and what they take beyond a step is their own stage.
+    n_pauses = pause_steps = pause_waits = 0.0
     for r in records:
         t = _train(r)
+        n_pauses += _num(t.get("pause_step"), "count")
+        pause_steps += _num(t.get("pause_step"), "sum_s")
+        pause_waits += _num(t.get("pause_wait"), "sum_s")
         sw, ss = t.get("epoch_start_wait"), t.get("epoch_start_step")
         count = _num(sw, "count")
         if count <= 0:
@@ -313,13 +325,19 @@ def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
         start_steps += ss_sum
         if first is None:
             first = (ss_sum, count)
-    steady_n = batches - n_starts
+    if not n_pauses or batches - n_starts - n_pauses < max(n_pauses, MIN_STEADY_BATCHES):
+        n_pauses = pause_steps = pause_waits = 0.0  # pauses that are the loop's pace
+    steady_n = batches - n_starts - n_pauses
     if n_starts and steady_n >= n_starts:
-        compute = (step - wait - (start_steps - starts)) / steady_n
-        per_step = compute + (wait - starts) / steady_n
+        compute = (step - wait - (start_steps - starts) - (pause_steps - pause_waits)) / steady_n
+        per_step = compute + (wait - starts - pause_waits) / steady_n
     else:  # epochs of a batch or two: their first batches are the run's pace
-        compute, per_step, n_starts, first = (step - wait) / batches, step / batches, 0, None
+        steady_n = batches - n_pauses
+        compute = (step - wait - (pause_steps - pause_waits)) / steady_n
+        per_step = compute + (wait - pause_waits) / steady_n
+        n_starts, first = 0, None
     extra = max(0.0, start_steps - n_starts * per_step) / batches if n_starts else 0.0
+    paused = max(0.0, pause_steps - n_pauses * per_step) / batches
     first_extra = (min(extra, max(0.0, first[0] / first[1] - per_step) / batches)
                    if first is not None else 0.0)
     f = Figures(
@@ -327,7 +345,7 @@ def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
         compute_s=max(1e-6, compute),
         handover_s=handover, batch=per, workers=workers, fetch_s=fetch,
         fetch_cpu_s=fetch_cpu, collate_s=collate, epoch_start_s=extra,
-        first_start_s=first_extra, cores=cores,
+        first_start_s=first_extra, pause_s=paused, cores=cores,
         main_cpu_s=main_s, loader_cpu_s=loader, storage_sps=storage_sps)
     # Absurd figures (a damaged record) give no model rather than an infinite prediction.
     sane = all(math.isfinite(x) and 0 <= x < FIGURE_MAX
@@ -443,18 +461,21 @@ class Model:
             d = figures(picks, cpus, storage_sps, whole.workers)
             if d is None:
                 continue
-            paced = 1 / d.steps_per_s - d.epoch_start_s  # its steps without its starts
+            # its steps without its starts and pauses, with the whole run's
+            paced = 1 / d.steps_per_s - d.epoch_start_s - d.pause_s
             self.draws.append(dataclasses.replace(
                 d, epoch_start_s=whole.epoch_start_s, first_start_s=whole.first_start_s,
-                steps_per_s=1 / (max(paced, 1e-9) + whole.epoch_start_s)))
+                pause_s=whole.pause_s,
+                steps_per_s=1 / (max(paced, 1e-9) + whole.epoch_start_s + whole.pause_s)))
 
     def steady_batches(self) -> int:
-        """Batches timed that did not open an epoch."""
+        """Batches timed that did not open an epoch or hold a pause."""
         n = starts = 0.0
         for r in self.records:
             t = _train(r)
             n += _num(t, "batches")
             starts += _num(t.get("epoch_start_wait"), "count")
+            starts += _num(t.get("pause_step"), "count")
         return max(0, int(n - starts))
 
     @property
@@ -540,4 +561,8 @@ def basis_of(f: Figures) -> list[str]:
            + (f", {f.cores:.1f} cores for the job" if f.cores is not None else "")]
     if f.storage_sps is not None:
         out.append(f"the storage serves at most {f.storage_sps:.0f} samples/s in this pattern")
+    if f.pause_s:
+        out.append(f"the loop's pauses between steps (a checkpoint, a validation pass) "
+                   f"{f.pause_s * 1000:.3g} ms a step on average, which no change to the "
+                   "input pipeline removes")
     return out

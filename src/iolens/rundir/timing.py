@@ -31,6 +31,21 @@ def distribution(values_ns: list[int]) -> dict[str, float]:
 class _Stream:
     last_end: int | None = None
     """When the previous batch was handed to the loop (or the epoch began)."""
+    recent: list[int] = field(default_factory=list)
+    """The loop's time between its latest batches (step less data wait, ns), oldest first,
+    at most PAUSE_WINDOW of them."""
+
+
+PAUSE_WINDOW = 32
+PAUSE_AFTER = 8
+"""A batch is held against the loop's PAUSE_WINDOW latest ones, once it has this many."""
+PAUSE_FACTOR = 5
+PAUSE_MIN_NS = 50_000_000
+"""NOTE [pauses]: a batch whose step, less its data wait, took PAUSE_FACTOR times the
+median of the loop's latest ones and PAUSE_MIN_NS more is a pause of the loop between two
+steps (a checkpoint written, a validation pass, an evaluation logged), not a step: the
+model's compute is the other batches', and what the pauses take beyond a step is their
+own stage, which no change to the input pipeline removes."""
 
 
 _JOIN_KEEP_NS = 30_000_000_000
@@ -84,6 +99,9 @@ class TrainingAggregator:
     from the start of the epoch (``iter()``, which starts workers) to the batch."""
     firsts: list[int] = field(default_factory=list)
     """Indices into ``waits`` (this interval) of the batches that opened an epoch."""
+    pause_waits: list[int] = field(default_factory=list)
+    pause_steps: list[int] = field(default_factory=list)
+    """The data waits and steps of the batches whose step held a pause (NOTE [pauses])."""
     worker_pids: dict[int, int] = field(default_factory=dict)
     """Worker pid -> worker id, as the loaders reported them."""
     ranks: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -153,6 +171,8 @@ class TrainingAggregator:
                     self.epoch_start_waits.append(wait)
                     self.epoch_start_steps.append(step)
                     self.firsts.append(len(self.waits) - 1)
+                else:
+                    self._pause(stream, wait, step)
             elif rtype == records.EPOCH:
                 if b < 0:
                     self.skipped += 1
@@ -182,6 +202,19 @@ class TrainingAggregator:
                 self.ranks[pid] = (a, b)
             else:
                 self.skipped += 1
+
+    def _pause(self, stream: _Stream, wait: int, step: int) -> None:
+        """Hold a batch's time beyond its wait against the loop's latest (NOTE [pauses])."""
+        loop = step - wait
+        recent = stream.recent
+        if len(recent) >= PAUSE_AFTER:
+            typical = sorted(recent)[len(recent) // 2]
+            if loop > PAUSE_FACTOR * typical and loop - typical > PAUSE_MIN_NS:
+                self.pause_waits.append(wait)
+                self.pause_steps.append(step)
+        recent.append(loop)
+        if len(recent) > PAUSE_WINDOW:
+            del recent[0]
 
     def _stage(self, pid: int, rtype: int, tag: int, a: int, b: int) -> None:
         """One record of the input pipeline's stages (NOTE [stage timing])."""
@@ -272,6 +305,9 @@ class TrainingAggregator:
         if self.epoch_start_waits:
             out["epoch_start_wait"] = distribution(self.epoch_start_waits)
             out["epoch_start_step"] = distribution(self.epoch_start_steps)
+        if self.pause_steps:
+            out["pause_wait"] = distribution(self.pause_waits)
+            out["pause_step"] = distribution(self.pause_steps)
         if self.epochs:
             out["num_workers"] = self.num_workers
         if self.iterable:
@@ -297,6 +333,7 @@ class TrainingAggregator:
         self.epoch_start_waits = []
         self.epoch_start_steps = []
         self.firsts = []
+        self.pause_waits, self.pause_steps = [], []
         return out
 
 
