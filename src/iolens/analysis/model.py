@@ -68,7 +68,15 @@ CPU_SKIP_FROM = 4
 HANDOVER_PRIOR_S = 0.002
 """A run without workers has no hand-over to measure; a batch of tensors takes about 2 ms
 to cross from a worker (a shared-memory descriptor sent over a socket per tensor, and the
-loop's wake-up), which the loop then pays per step."""
+loop's wake-up), which the loop then pays per step, on its CPU (NOTE [workers share the
+cores])."""
+WORKER_BATCH_CPU_PRIOR_S = 0.0016
+"""... and a worker spends about 1.6 ms of CPU a batch beyond its fetch and collate (its
+index queue, the batch's tensors moved to shared memory and sent)."""
+CORES_TOGETHER_LOSS = 0.20
+"""Cores kept busy together did up to this much less work each than one busy alone, in the
+lab (NOTE [workers share the cores]): the low end of a prediction that keeps more cores
+busy than the run did holds it."""
 
 
 @dataclass(frozen=True)
@@ -153,11 +161,29 @@ def _inv(x: float) -> float:
 Change = Callable[[Figures], Figures]
 
 
+"""NOTE [workers share the cores]: a run without workers has not measured what workers
+cost beyond the fetch: the loop's CPU to take each batch over (HANDOVER_PRIOR_S) and the
+workers' own (WORKER_BATCH_CPU_PRIOR_S), both measured on this project's lab machine with
+batches of 4 KiB to 8 MiB of tensors. Their CPU comes from the same cores as the step's:
+the ``cpu`` limit (the cores over the CPU a step costs, the loop's and the workers') binds
+where the cores are all busy. And cores busy together do less each than one alone (shared
+caches and memory, a hypervisor's steal): a JPEG pipeline on 2 cores, 0 -> 2 workers, ran
+its workers' fetch at 1.2x the CPU a sample and the job at 1.8 of the 2 cores, 32.5 steps/s
+where the cores' own figures gave 38; CPU-only samples lost nothing. So a change that keeps
+more cores busy than the run did has CORES_TOGETHER_LOSS in the low end of its interval."""
+
+
 def more_workers(n: int) -> Change:
-    """``n`` workers; from none, the hand-over they bring is HANDOVER_PRIOR_S a batch."""
+    """``n`` workers; from none, the hand-over they bring (HANDOVER_PRIOR_S a batch, of the
+    loop's time and its CPU) and the workers' CPU beyond the fetch (NOTE [workers share the
+    cores])."""
     def apply(f: Figures) -> Figures:
-        hand = f.handover_s if f.workers or n == 0 else max(f.handover_s, HANDOVER_PRIOR_S)
-        return dataclasses.replace(f, workers=n, handover_s=hand)
+        if f.workers or n == 0:
+            return dataclasses.replace(f, workers=n)
+        hand = max(f.handover_s, HANDOVER_PRIOR_S)
+        return dataclasses.replace(f, workers=n, handover_s=hand,
+                                   main_cpu_s=f.main_cpu_s + hand - f.handover_s,
+                                   loader_cpu_s=f.loader_cpu_s + WORKER_BATCH_CPU_PRIOR_S)
     return apply
 
 
@@ -514,8 +540,27 @@ class Model:
                f"+{up * 100:.0f}% (its intervals resampled in blocks, {len(spread)} times) "
                f"and the model's error of {err * 100:.0f}% "
                + ("on the lab cases" if err == MODEL_ERROR else "on this run as it was"))
+        shared = self._cores_shared(change(self.whole), point)
+        if shared is not None:
+            lo = math.hypot(lo, CORES_TOGETHER_LOSS)
+            how += "; " + shared
         return Prediction(point, point * max(0.0, 1 - lo), point * (1 + hi), after.limit,
                           [*basis, _limits_text(after), how], self.whole.steps_per_s)
+
+    def _cores_shared(self, after: Figures, point: float) -> str | None:
+        """Where the change keeps more cores busy than the run did, and most of the job's
+        cores: the words for it (NOTE [workers share the cores]), else None."""
+        f = self.whole
+        if f is None or f.cores is None:
+            return None
+        now = f.steps_per_s * (f.main_cpu_s + f.loader_cpu_s)
+        then = point * (after.main_cpu_s + after.loader_cpu_s)
+        if then < now + 0.5 or then < 0.75 * f.cores:
+            return None
+        return (f"the loop and the workers would keep {then:.1f} of the job's {f.cores:.1f} "
+                f"cores busy ({now:.1f} now): the workers' CPU comes from the step's cores, "
+                f"and cores busy together did up to {CORES_TOGETHER_LOSS * 100:.0f}% less "
+                "each in the lab, which the low end holds")
 
     def workers_to_next_limit(self) -> int | None:
         """The fewest workers whose rate clears the next limit by TARGET_MARGIN (not a
@@ -527,7 +572,7 @@ class Model:
         if now.limit != "workers":
             return None
         per_batch = f.batch * f.fetch_s + f.collate_s
-        others = {k: v for k, v in rate(f, max(1, f.workers)).limits.items()
+        others = {k: v for k, v in rate(more_workers(max(1, f.workers))(f)).limits.items()
                   if k != "workers"}
         nxt = min(others, key=lambda k: others[k]) if others else None
         ceiling = others[nxt] if nxt is not None else math.inf

@@ -24,8 +24,9 @@ how it measures:
   samples per second delivered to the loop, which does nothing else (with CUDA, it copies
   each batch to the GPU). The settings, in order:
     1. num_workers 0, 1, 2, 3, 4, 6, 8, ... up to --max-workers (default: the cores in this
-       process's affinity mask less the 1-minute load), prefetch_factor 2; from one worker
-       on it stops when a step gains under 5% twice in a row, or loses over 5%
+       process's affinity mask less those other work keeps busy, sampled for half a
+       second), prefetch_factor 2; from one worker on it stops when a step gains under
+       5% twice in a row, or loses over 5%
     2. prefetch_factor 4, then 8, at the best worker count, while each gains 5%
     3. persistent_workers=True at the best so far
     4. pin_memory=True, only where CUDA is available (skipped otherwise, and said so)

@@ -101,30 +101,55 @@ def measure(batches: Iterable[Any] | Callable[[], Iterable[Any]], *, seconds: fl
 
 @dataclass
 class Cores:
-    """The cores this process may use, the machine's load, and how many are free."""
+    """The cores this process may use, how many other work keeps busy now, and how many are
+    free."""
 
     usable: int
     load: float
+    """Cores kept busy by other work over BUSY_WINDOW_S before the measurement."""
     free: int
 
     def text(self) -> str:
-        return f"{self.free} of {self.usable} cores free (load {self.load:.1f})"
+        return f"{self.free} of {self.usable} cores free ({self.load:.1f} busy)"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"usable": self.usable, "load_1min": round(self.load, 2), "free": self.free}
+        return {"usable": self.usable, "busy": round(self.load, 2), "free": self.free}
 
 
-def cores() -> Cores:
-    """Cores in this process's affinity mask, less those the 1-minute load keeps busy."""
+BUSY_WINDOW_S = 0.5
+"""How long the machine's busy cores are sampled before a measurement. (The 1-minute load
+average was used before: run right after a training, it still held the training, and the
+search stopped at one worker where two were faster.)"""
+
+
+def _cpu_times() -> tuple[float, float] | None:
+    """The machine's busy and total CPU time (ticks) from /proc/stat, or None."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = [float(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 5:
+        return None
+    total = sum(fields[:8])
+    return total - fields[3] - fields[4], total  # less idle and iowait
+
+
+def cores(window_s: float = BUSY_WINDOW_S) -> Cores:
+    """Cores in this process's affinity mask, less those other work keeps busy now."""
     try:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         usable = os.cpu_count() or 1
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        load = 0.0
-    return Cores(usable, load, max(1, int(usable - min(load, usable) + 0.5)))
+    busy = 0.0
+    a = _cpu_times()
+    if a is not None and window_s > 0:
+        time.sleep(window_s)
+        b = _cpu_times()
+        if b is not None and b[1] > a[1]:
+            busy = (b[0] - a[0]) / (b[1] - a[1]) * (os.cpu_count() or usable)
+    busy = min(max(busy, 0.0), float(usable))
+    return Cores(usable, busy, max(1, int(usable - busy + 0.5)))
 
 
 def to_device(batch: Any, device: Any, non_blocking: bool = False) -> Any:
