@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.test_lab import run_case
 from tests.test_lab_advice import TRAIN as ADVICE
+from tests.test_lab_cores import TRAIN as JPEG
+from tests.test_lab_cores import build_images
 from tests.test_lab_gate import SPAWN
 from tests.test_lab_storage_advice import TRAIN as STORAGE
 
@@ -205,6 +207,15 @@ def main() -> None:
         _follow(rows[-1])
         print(f"{case.name}: {rows[-1].predicted} -> {rows[-1].measured} {rows[-1].note}",
               flush=True)
+    if not args.only or "JPEG" in args.only:
+        with tempfile.TemporaryDirectory() as tmp:
+            images = str(build_images(Path(tmp)))
+            rows.append(Row(Case(
+                "JPEG, no workers, 2 cores", "Pillow decode and augmentation, 3.5 ms of CPU "
+                "a sample, batch 16, a CPU step of 15 ms; the workers take the step's cores",
+                JPEG, [images, "8", "0", "full"], "num_workers",
+                lambda r: [images, "8", str(r["change"]["num_workers"]), "full"])))
+            _follow(rows[-1])
     if not args.only or "disk" in args.only:
         if os.geteuid() == 0:
             _storage_rows(rows)

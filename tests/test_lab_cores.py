@@ -95,11 +95,14 @@ if __name__ == "__main__":
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """600 JPEG images of 320x320 (about 36 KiB each: a gradient under smooth noise, which
-    compresses as a photo does), in the page cache."""
+    return build_images(tmp_path_factory.mktemp("jpeg"))
+
+
+def build_images(d: Path) -> Path:
+    """600 JPEG images of 320x320 in ``d`` (about 36 KiB each: a gradient under smooth noise,
+    which compresses as a photo does), in the page cache."""
     from PIL import Image
 
-    d = tmp_path_factory.mktemp("jpeg")
     base = Image.linear_gradient("L").resize((320, 320)).convert("RGB")
     for i in range(600):
         rnd = random.Random(i)

@@ -389,3 +389,33 @@ def test_epoch_starts_in_the_step_lead_the_advice_of_a_compute_bound_run() -> No
     after = 400 / (400 * 0.021 + 2.0 + 0.001 * 2)
     assert first.prediction.steps_per_s == pytest.approx(after, rel=0.05), first.prediction
     assert any("took 5.9 s beyond a steady step" in e for e in v.evidence), v.evidence
+
+
+def test_workers_added_on_busy_cores_cost_the_step_and_widen_the_low_end() -> None:
+    """No workers, the loop fetching 16 samples of 1.8 ms of CPU and stepping 20 ms on a
+    core of 2: workers bring their own CPU beyond the fetch (NOTE [workers share the
+    cores]), which the cpu limit counts, and keeping both cores busy puts the loss cores
+    busy together showed in the lab into the low end; a run that keeps a core free does
+    not get it."""
+    recs = [interval(i, step=0.050, wait=0.030, fetch=0.0018, cpu=0.0018, workers=0,
+                     in_process=True) for i in range(20)]
+    for r in recs:
+        r["job"] = {"cpu_pct": 100.0, "roles": {"main": {"cpu_pct": 100.0}}}
+        r["cpu"] = {"idle": 50.0, "iowait": 0.0}
+    m = Model(recs, cpus=2)
+    f = m.whole
+    assert f is not None and f.workers == 0 and f.cores == pytest.approx(2.0)
+    after = pm.more_workers(2)(f)
+    assert after.loader_cpu_s == pytest.approx(f.loader_cpu_s + pm.WORKER_BATCH_CPU_PRIOR_S)
+    assert after.main_cpu_s - f.main_cpu_s == pytest.approx(after.handover_s - f.handover_s)
+    assert after.handover_s >= pm.HANDOVER_PRIOR_S
+    cpu = rate(after).limits["cpu"]
+    assert cpu == pytest.approx(2 / (after.main_cpu_s + after.loader_cpu_s), rel=1e-3)
+    p = m.predict(pm.more_workers(2))
+    assert p is not None and p.limit == "cpu"
+    assert p.low <= p.steps_per_s * (1 - pm.CORES_TOGETHER_LOSS) + 1e-9
+    assert "cores busy" in p.basis[-1]
+    # one worker, its fetch mostly off the CPU: a core stays free, no such term
+    m1 = Model([interval(i) for i in range(20)], cpus=2)
+    p1 = m1.predict(pm.more_workers(5))
+    assert p1 is not None and "cores busy" not in p1.basis[-1]
