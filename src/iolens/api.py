@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import IO, Any, Generic, TypeVar
@@ -51,7 +51,8 @@ class Monitor:
     def __init__(self, out: str | os.PathLike[str] | None = None, interval: float = 1.0,
                  paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
                  instrument: bool = True, quiet: bool = False, mlflow: bool = False,
-                 wandb: bool = False) -> None:
+                 wandb: bool = False, settings: Mapping[str, Any] | None = None,
+                 set_loaders: Sequence[str] = ()) -> None:
         if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
             raise ValueError(f"interval must be between {MIN_INTERVAL_S:g} and "
                              f"{MAX_INTERVAL_S:g} seconds, not {interval!r}")
@@ -62,6 +63,18 @@ class Monitor:
         self.quiet = quiet
         self.mlflow = mlflow
         self.wandb = wandb
+        from iolens.training import overrides  # noqa: PLC0415
+
+        try:
+            self.settings = overrides.parse(f"{k}={overrides.text(v)}"
+                                            for k, v in dict(settings or {}).items())
+        except overrides.SetError as exc:
+            raise ValueError(f"monitor(set=...): {str(exc).removeprefix('--set ')}") from None
+        """The DataLoader settings given (iolens.training.overrides), checked."""
+        if self.settings and not instrument:
+            raise ValueError("set= works through the DataLoader's instrumentation: not with "
+                             "instrument=False")
+        self.set_loaders = [str(n) for n in set_loaders]
         self._out = os.fspath(out) if out is not None else None
         self.run_dir: str | None = None
         """Where the run is recorded; set by :meth:`start`."""
@@ -116,6 +129,10 @@ class Monitor:
             cmd.append("--mlflow")
         if self.wandb:
             cmd.append("--wandb")
+        if self.settings:
+            from iolens.training import overrides  # noqa: PLC0415
+
+            cmd += ["--set", overrides.to_env(self.settings, self.set_loaders)]
         for a in [sys.executable, *argv]:
             cmd += ["--command", a]
         env = dict(os.environ)
@@ -143,6 +160,7 @@ class Monitor:
         if self.instrument:
             flush_ms = max(50, min(1000, int(self.interval * 250)))
             _hooks.start(os.path.join(self.run_dir, "timing"), flush_ms * 1_000_000)
+            _hooks.use_settings(self.settings, self.set_loaders)
             _hooks.install_import_hook()
         # NOTE [never hurt the job]: iolens' own import leaves some 30,000 new objects
         # waiting for the garbage collector's oldest generation. Left there, the job's
@@ -163,6 +181,7 @@ class Monitor:
         with contextlib.suppress(Exception):
             atexit.unregister(self._stop_at_exit)
         if self.instrument:
+            _hooks.use_settings({}, [])
             _hooks.stop()
         proc = self._proc
         if proc is not None:
@@ -276,7 +295,8 @@ def _forget_in_children(proc: subprocess.Popen[bytes]) -> None:
 def monitor(out: str | os.PathLike[str] | None = None, interval: float = 1.0,
             paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
             instrument: bool = True, quiet: bool = False, mlflow: bool = False,
-            wandb: bool = False) -> Monitor:
+            wandb: bool = False, set: Mapping[str, Any] | None = None,
+            set_loaders: Sequence[str] = ()) -> Monitor:
     """Record this process as ``iolens run`` would: ``with iolens.monitor(): train()``.
 
     ``out`` is the run directory (default ``iolens-runs/<time>-<script>``; one that
@@ -288,10 +308,13 @@ def monitor(out: str | os.PathLike[str] | None = None, interval: float = 1.0,
     ``instrument`` (the default) every torch DataLoader is timed. With ``mlflow``
     the figures, the verdict and the report also go into MLflow, as with ``iolens run
     --mlflow`` (the script's active MLflow run, or a new one); with ``wandb``, into a W&B
-    run of iolens' own, as with ``--wandb``.
+    run of iolens' own, as with ``--wandb``. ``set`` gives DataLoader settings that the
+    loaders made while it records take instead of their own, as ``iolens run --set``
+    (``{"num_workers": 4}``; ``set_loaders``: only the loaders of these dataset classes);
+    a setting iolens cannot set, or a value out of range, raises ValueError.
     """
     return Monitor(out, interval, paths, devices, instrument=instrument, quiet=quiet,
-                   mlflow=mlflow, wandb=wandb)
+                   mlflow=mlflow, wandb=wandb, settings=set, set_loaders=set_loaders)
 
 
 class InstrumentedLoader(Generic[T]):

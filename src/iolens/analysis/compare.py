@@ -607,6 +607,8 @@ class RunSide:
     notes: list[str]
     verdict: dict[str, Any]
     distributions: dict[str, Any]
+    settings: dict[str, Any] | None = None
+    """The DataLoader settings the run was given with ``iolens run --set``."""
 
 
 @dataclass
@@ -690,8 +692,10 @@ def _side(run: RunData, batches: BatchSamples | None, iv: IntervalSamples,
         source, count, every = INTERVALS, int(sum(iv.batches)), 1
         dist = _dist_intervals(run.records)
     dist["same_kind"], dist["note"] = True, None
+    given = meta.get("set")
     return RunSide(os.path.abspath(run.path), source, count, len(run.records), every,
-                   meta.get("exit_code"), notes, verdict.to_dict(), dist)
+                   meta.get("exit_code"), notes, verdict.to_dict(), dist,
+                   dict(given) if isinstance(given, dict) and given else None)
 
 
 def _judge(res: MetricResult, ci: Interval | None, short: str | None) -> None:
@@ -1129,7 +1133,7 @@ def to_dict(cmp: Comparison, gate: Sequence[GateResult] | None = None, *,
         return {"path": s.path, "samples": s.source, "batches": s.batches,
                 "sampled_every": s.every,
                 "intervals": s.intervals, "exit_code": s.exit_code, "notes": s.notes,
-                "distributions": s.distributions}
+                "set": s.settings, "distributions": s.distributions}
 
     gate = list(gate or [])
     return {

@@ -32,6 +32,7 @@ from iolens.analysis import rules
 from iolens.analysis.model import Model, Prediction
 from iolens.analysis.pipeline import Pipeline, pipeline
 from iolens.core.words import plural
+from iolens.training import overrides
 
 PRIMARY_CLASSES = ("compute-bound", "storage-bound", "cpu-bound-input", "loader-starved",
                    "handover-bound", "write-stall", "hung")
@@ -96,6 +97,9 @@ class Recommendation:
     change: dict[str, Any] | None = None
     """What the action changes, as data (``{"num_workers": 4}``): what ``iolens compare``
     looks for in the run after it."""
+    try_it: str | None = None
+    """The command that tries a change of DataLoader settings with no code change
+    (``iolens run --set ...``), where the change is one."""
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -103,6 +107,8 @@ class Recommendation:
             "expected_gain": self.prediction.text() if self.prediction else self.gain,
             "prediction": self.prediction.to_dict() if self.prediction else None,
             "change": self.change}
+        if self.try_it is not None:
+            d["try"] = self.try_it
         if self.prediction is None:
             d["prediction_unavailable"] = self.unavailable or NO_MODEL
         return d
@@ -239,6 +245,8 @@ def verdict_lines(v: dict[str, Any]) -> list[str]:
         r = v["recommendations"][0]
         sep = ": " if r.get("prediction") else "; expected: "
         out.append(f"try: {r.get('action')}{sep}{r.get('expected_gain')}")
+        if r.get("try"):
+            out.append(f"  with no code change: {r['try']}")
     if v.get("caveat"):
         out.append(f"note: {v['caveat']}")
     return out
@@ -487,7 +495,32 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
         # (advice from a handful of batches before the hang would only distract)
         v.recommendations = hang.recommendations + (
             v.recommendations if batches >= rules.MIN_BATCHES else [])
+    _how_to_try(v, meta)
     return v
+
+
+def _how_to_try(v: Verdict, meta: dict[str, Any]) -> None:
+    """Each recommendation that changes DataLoader settings only gets the ``iolens run
+    --set`` line that tries it with no code change (the run's own ``--set`` kept)."""
+    command = meta.get("command")
+    tail = (" -- " + shlex.join(str(c) for c in command)
+            if isinstance(command, list) and command else " -- CMD")
+    given = meta.get("set")
+    given = given if isinstance(given, dict) else {}
+    loaders = "".join(f" --set-loader {shlex.quote(str(n))}"
+                      for n in meta.get("set_loaders") or [])
+    recs = [*v.recommendations, *v.declined,
+            *(r for f in v.findings for r in f.recommendations)]
+    for r in recs:
+        change = r.change or {}
+        if not change or any(k not in overrides.KEYS for k in change):
+            continue
+        try:
+            settings = overrides.parse(f"{k}={overrides.text(x)}"
+                                       for k, x in {**given, **change}.items())
+        except overrides.SetError:
+            continue
+        r.try_it = "iolens run " + overrides.line(settings) + loaders + tail
 
 
 def served_storage(meta: dict[str, Any]) -> list[dict[str, Any]]:
@@ -542,9 +575,21 @@ def _no_steps(records: Sequence[dict[str, Any]], meta: dict[str, Any],
     why: list[str] = []
     if meta.get("instrumented") is False:
         why.append("the run was recorded with --no-instrument, so no batch was timed")
+    set_error = None
     for st in meta.get("timing") or []:
         if isinstance(st, dict) and st.get("error"):
             why.append(f"timing failed in process {st.get('pid')}: {st['error']}")
+        if isinstance(st, dict) and st.get("set_error") and set_error is None:
+            set_error = str(st["set_error"])
+    if set_error is not None:
+        # `iolens run --set` asked for settings this loader cannot take: it stopped there.
+        v = Verdict(NO_STEPS, "unknown", None, evidence=[
+            f"the job stopped where it made its DataLoader, before training: {set_error}"],
+            figures=figures, findings=findings)
+        v.recommendations.append(Recommendation(
+            "run again with --set settings the loader can take", set_error,
+            "a run with the settings asked for"))
+        return v
     marked = [r for r in records if _train(r).get("step_source") == "marks"]
     marks = sum(_num(_train(r).get("step") or {}, "count") for r in marked)
     if marks:

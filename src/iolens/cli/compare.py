@@ -211,6 +211,10 @@ def _render_text(obj: dict[str, Any]) -> str:
             extra += f", one in every {side['sampled_every']} used"
         if side.get("exit_code") not in (0, None):
             extra += f", exit code {side['exit_code']}"
+        if side.get("set"):
+            from iolens.training.overrides import line as set_line  # noqa: PLC0415
+
+            extra += ", run with " + set_line(side["set"])
         line.append(extra, style="dim")
         parts.append(line)
     parts.append(Text(""))

@@ -6,6 +6,7 @@ import argparse
 import os
 import shutil
 import sys
+from typing import Any
 
 from iolens.cli._checks import INTERVAL_RANGE, check_interval, check_watch
 from iolens.job.run import RunOptions
@@ -62,6 +63,7 @@ examples:
   iolens run --path /data/imagenet --interval 0.5 -- torchrun --nproc-per-node 2 train.py
   iolens run --out runs/baseline --device nvme1n1 -- python train.py
   iolens run --prometheus 9478 --csv run.csv -- python train.py
+  iolens run --set num_workers=4 persistent_workers=true -- python train.py
   MLFLOW_TRACKING_URI=sqlite:///mlflow.db iolens run --mlflow -- python train.py
   WANDB_MODE=offline WANDB_PROJECT=loader iolens run --wandb -- python train.py
 """
@@ -73,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="iolens run",
         usage="iolens run [--out DIR] [--interval S] [--path P ...] [--device D ...] "
               "[--prometheus [HOST:]PORT] [--job NAME] [--csv FILE] [--tensorboard DIR] "
-              "[--mlflow] [--wandb] -- CMD ...",
+              "[--mlflow] [--wandb] [--set KEY=VALUE ...] -- CMD ...",
         description="Run CMD and record, every interval, the disks, the job's processes and "
                     "how long its training loop waits for data.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,6 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also watch block device D, e.g. nvme0n1 (repeatable)")
     p.add_argument("--no-instrument", dest="instrument", action="store_false",
                    help="do not time the DataLoader inside the job")
+    p.add_argument("--set", dest="settings", action="extend", nargs="+", default=[],
+                   metavar="KEY=VALUE",
+                   help="DataLoader settings the job's loaders take instead of their own, "
+                        "with no code change: num_workers, prefetch_factor, "
+                        "persistent_workers, pin_memory, multiprocessing_context "
+                        "(repeatable; e.g. --set num_workers=4 persistent_workers=true)")
+    p.add_argument("--set-loader", dest="set_loaders", action="append", default=[],
+                   metavar="NAME",
+                   help="--set only the loaders whose dataset's class is NAME (repeatable; "
+                        "default: every loader)")
     p.add_argument("--linger", type=float, default=10.0, metavar="S",
                    help="go on recording processes the job leaves running for at most S "
                         "seconds after it exits (default 10; 0: stop with the job)")
@@ -122,6 +134,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _settings(p: argparse.ArgumentParser, ns: argparse.Namespace) -> dict[str, Any]:
+    """``--set`` checked before the job starts: a usage error (exit 2) otherwise."""
+    from iolens.training import overrides  # noqa: PLC0415
+
+    try:
+        settings = overrides.parse(ns.settings)
+    except overrides.SetError as exc:
+        p.error(str(exc))
+    if settings and not ns.instrument:
+        p.error("--set works through the DataLoader's instrumentation: not with "
+                "--no-instrument")
+    if ns.set_loaders and not settings:
+        p.error("--set-loader names the loaders --set applies to: it needs --set")
+    return settings
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     """Parse ``iolens run`` arguments (options before ``--``, the command after)."""
     p = build_parser()
@@ -154,6 +182,7 @@ def run(ns: argparse.Namespace) -> int:
     for flag, value in (("--csv", ns.csv), ("--tensorboard", ns.tensorboard), ("--job", ns.job)):
         if value is not None and not value.strip():
             p.error(f"{flag} needs a value")
+    settings = _settings(p, ns)
     if not 0 <= ns.linger <= 3600:
         p.error(f"--linger must be between 0 and 3600 seconds, not {ns.linger:g}")
     out = ns.out or default_run_dir("iolens-runs", command)
@@ -165,7 +194,7 @@ def run(ns: argparse.Namespace) -> int:
                       instrument=ns.instrument, quiet=ns.quiet, live=ns.live,
                       prometheus=ns.prometheus, job=ns.job, csv=ns.csv,
                       tensorboard=ns.tensorboard, mlflow=ns.mlflow, wandb=ns.wandb,
-                      linger=ns.linger)
+                      linger=ns.linger, settings=settings, set_loaders=ns.set_loaders)
     try:
         return run_job(opts)
     except SinkError as exc:

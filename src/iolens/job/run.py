@@ -51,6 +51,7 @@ from iolens.rundir import (
 from iolens.sinks.base import CallbackSink, FanOut, Sink
 from iolens.sinks.state import LiveTotals, job_rank
 from iolens.sources.devmap import device_for_path
+from iolens.training import overrides
 
 if TYPE_CHECKING:
     from iolens.sinks.prometheus import Exporter
@@ -96,6 +97,10 @@ class RunOptions:
     """... and into a W&B run."""
     linger: float = 10.0
     """Seconds to go on recording the job's processes that outlive it (NOTE [leftovers])."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """DataLoader settings given with ``--set`` (iolens.training.overrides)."""
+    set_loaders: list[str] = field(default_factory=list)
+    """The dataset class names whose loaders take them (``--set-loader``; none: all)."""
 
 
 @dataclass
@@ -187,12 +192,17 @@ def initial_watch(paths: list[str], devices: list[str], proc_root: str = "/proc"
 
 
 def child_env(run_dir: str, interval: float, instrument: bool,
-              spare: str | None = None) -> dict[str, str]:
+              spare: str | None = None, *, settings: dict[str, Any] | None = None,
+              set_loaders: Sequence[str] = ()) -> dict[str, str]:
     """The job's environment: unchanged, plus the timing bootstrap when instrumenting
-    (and ``spare``, NOTE [spare timing folder] in iolens/training/_hooks.py)."""
+    (and ``spare``, NOTE [spare timing folder] in iolens/training/_hooks.py, and the
+    DataLoader ``settings`` of ``--set``)."""
     env = dict(os.environ)
     env["IOLENS_RUN_DIR"] = os.path.abspath(run_dir)
     env.pop("IOLENS_TIMING_SPARE", None)
+    env.pop(overrides.ENV, None)
+    if instrument and settings:
+        env[overrides.ENV] = overrides.to_env(settings, set_loaders)
     if instrument and spare is not None:
         env["IOLENS_TIMING_SPARE"] = spare
     if instrument:
@@ -247,7 +257,8 @@ def run(opts: RunOptions) -> int:
         for tracker in outputs.trackers:
             tracker.run_dir = os.path.abspath(run_dir.path)
         spare = _spare_timing_dir() if opts.instrument else None
-        env = child_env(run_dir.path, opts.interval, opts.instrument, spare)
+        env = child_env(run_dir.path, opts.interval, opts.instrument, spare,
+                        settings=opts.settings, set_loaders=opts.set_loaders)
         try:
             child = subprocess.Popen(opts.command, env=env)
         except OSError as exc:
@@ -291,6 +302,8 @@ def run(opts: RunOptions) -> int:
             fan.notes = recorder.notes
             meta = recorder.base_meta(opts.command, {
                 "instrumented": opts.instrument, **outputs_meta,
+                "set": dict(opts.settings) or None,
+                "set_loaders": list(opts.set_loaders) or None,
                 # Where the job's timing goes should the run directory fail it: after
                 # a kill of iolens, the one place that says so.
                 "timing_spare": spare,
@@ -515,6 +528,8 @@ def _finish(opts: RunOptions, run_dir: RunDir, recorder: Recorder | None, *, cod
             spare: str | None = None, trackers: Sequence[TrackerSink] = ()) -> None:
     done = finish_run(run_dir, recorder, opts.command, {
         "instrumented": opts.instrument,
+        "set": dict(opts.settings) or None,
+        "set_loaders": list(opts.set_loaders) or None,
         **extra,
         "exit_code": code,
         "signal": -rc if rc < 0 else None,

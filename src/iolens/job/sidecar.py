@@ -37,6 +37,7 @@ from iolens.recorder.sampler import Recorder
 from iolens.rundir import RunDir
 from iolens.sinks.base import FanOut, SinkError
 from iolens.sources.procfs import pid_alive
+from iolens.training import overrides
 
 
 class _Control:
@@ -103,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--path", action="append", default=[])
     ap.add_argument("--device", action="append", default=[])
     ap.add_argument("--no-instrument", dest="instrument", action="store_false")
+    ap.add_argument("--set", dest="settings", default=None,
+                    help="the DataLoader settings monitor(set=...) gave (JSON)")
     ap.add_argument("--mlflow", action="store_true",
                     help="the figures, the verdict and the report into MLflow")
     ap.add_argument("--wandb", action="store_true",
@@ -133,13 +136,15 @@ def main(argv: list[str] | None = None) -> int:
                 fan.note(f"no --{name}: {exc}")
     control = _Control(ns.pid)
     recorder: Recorder | None = None
+    settings, loaders = overrides.from_env(ns.settings)
+    given = {"set": settings or None, "set_loaders": loaders or None}
     try:
         recorder = Recorder(run_dir, ns.pid, ns.interval, watch,
                             exclude_pids=frozenset({os.getpid()}))
         recorder.notes.extend(notes)
         fan.notes = recorder.notes
         run_dir.write_meta(recorder.base_meta(ns.command, {
-            "mode": "monitor", "instrumented": ns.instrument,
+            "mode": "monitor", "instrumented": ns.instrument, **given,
             "notes": [*recorder.notes, UNFINISHED]}))
         _ready()
         recorder.loop(control.wait, on_record=fan if fan.names else None)
@@ -150,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             recorder.notes.append(f"recording stopped: {exc!r}")
     fan.close()
     done = finish_run(run_dir, recorder, ns.command, {
-        "mode": "monitor", "instrumented": ns.instrument, "ended": control.ended})
+        "mode": "monitor", "instrumented": ns.instrument, **given, "ended": control.ended})
     for message in done.warnings:
         say(message)
     for tracker in trackers:

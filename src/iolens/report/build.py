@@ -85,7 +85,7 @@ def cache_blind(meta: dict[str, Any]) -> str | None:
 def _run_info(run: RunData) -> dict[str, Any]:
     m = run.meta
     keys = ("command", "host", "cwd", "start", "end", "duration_s", "exit_code", "interval_s",
-            "iolens_version", "mode", "cpus", "kernel")
+            "iolens_version", "mode", "cpus", "kernel", "set", "set_loaders")
     info: dict[str, Any] = {"path": os.path.abspath(run.path)}
     info.update({k: m.get(k) for k in keys})
     info["intervals"] = len(run.records)

@@ -35,6 +35,7 @@ from typing import Any
 from iolens._errors import IolensError
 from iolens.analysis.verdict import clock
 from iolens.core.words import plural
+from iolens.training import overrides
 
 MAX_POINTS = 2000
 """Most points per series drawn in a chart; longer runs are bucketed."""
@@ -592,6 +593,9 @@ def _run_section(report: dict[str, Any]) -> str:
     if run.get("exit_code") is not None:
         span += f", exit code {run['exit_code']}"
     facts.append(("recorded", span))
+    if isinstance(run.get("set"), dict) and run["set"]:
+        facts.append(("DataLoader settings given", overrides.line(run["set"]) + "".join(
+            f" --set-loader {n}" for n in run.get("set_loaders") or [])))
     rows = "".join(f"<tr><th>{_e(k)}</th><td><code>{_e(v)}</code></td></tr>"
                    if k == "command" else f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>"
                    for k, v in facts)
@@ -618,7 +622,10 @@ def _verdict_section(report: dict[str, Any], wins: Sequence[dict[str, Any]]) -> 
             f'<li><span class="action">{_e(r.get("action"))}</span><br>'
             f'<span class="why">because {_e(r.get("because"))}; '
             f'{"" if r.get("prediction") else "expected: "}{_e(r.get("expected_gain"))}'
-            '</span></li>'
+            '</span>'
+            + (f'<br><span class="try">with no code change: <code>{_e(r["try"])}</code></span>'
+               if r.get("try") else "")
+            + '</li>'
             for r in v["recommendations"] if isinstance(r, dict)) + "</ol>")
     declined = [r for r in v.get("declined") or [] if isinstance(r, dict)]
     if declined:

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from iolens.core.words import plural
+from iolens.training import overrides
 
 _SEVERITY_STYLE = {"high": "bold red", "moderate": "bold yellow", "none": "bold green",
                    "unknown": "bold"}
@@ -76,6 +77,8 @@ def _verdict(report: dict[str, Any]) -> RenderableType:
             text = Text(str(rec.get("action")))
             text.append(f"\nbecause {rec.get('because')}{sep}{rec.get('expected_gain')}",
                         style="dim")
+            if rec.get("try"):
+                text.append(f"\nwith no code change: {rec['try']}")
             items.append((f"{i}.", text))
         parts.append(_bullets(items))
         declined = []
@@ -288,6 +291,10 @@ def render(report: dict[str, Any]) -> RenderableType:
         f"{_f(run.get('duration_s'))} s, {run.get('intervals')} intervals of "
         f"{_f(run.get('interval_s'), 'g')} s"
         + (f", exit code {run['exit_code']}" if run.get("exit_code") is not None else "")))
+    if isinstance(run.get("set"), dict) and run["set"]:
+        lines.append(Text("DataLoader settings given with iolens run: "
+                          + overrides.line(run["set"])
+                          + "".join(f" --set-loader {n}" for n in run.get("set_loaders") or [])))
     parts: list[RenderableType] = [Group(*lines), _verdict(report)]
     ranks = _ranks_table(report["training"].get("ranks") or [], "ranks (torchrun)")
     for part in (_findings(report), _training(report), _pipeline(report), ranks,

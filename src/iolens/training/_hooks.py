@@ -49,8 +49,8 @@ class TimingWriter:
     """
 
     __slots__ = ("_fd", "_ids", "_pfd", "buf", "directory", "dropped", "error", "flush_ns",
-                 "last_flush", "loaders", "moved", "paths", "pid", "spare", "spare_bytes",
-                 "trackers", "typed", "written")
+                 "last_flush", "loaders", "moved", "paths", "pid", "set_error", "spare",
+                 "spare_bytes", "trackers", "typed", "written")
 
     def __init__(self, directory: str, flush_ns: int = 500_000_000,
                  spare: str | None = None) -> None:
@@ -73,6 +73,8 @@ class TimingWriter:
         self.dropped = 0
         self.written = 0
         self.error: str | None = None
+        self.set_error: str | None = None
+        """Why ``iolens run --set`` could not apply to a loader (the job then stopped)."""
         self.trackers: dict[str, str] = {}
         """The job's own trackers' run ids, by tracker, once noted (NOTE [the job's
         tracker run])."""
@@ -172,6 +174,8 @@ class TimingWriter:
         """Write ``<pid>.json``: whether timing works here, and if not, why."""
         info = {"pid": self.pid, "records": self.written, "dropped": self.dropped,
                 "error": self.error, **extra}
+        if self.set_error is not None:
+            info["set_error"] = self.set_error
         if self.moved is not None:
             info["moved"] = self.moved
         with contextlib.suppress(OSError, TypeError, ValueError):
@@ -417,6 +421,9 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         v = getattr(loader, key, None)
         if v is not None:
             out[key] = _type_name(v)
+    given = getattr(loader, "_iolens_set", None)
+    if isinstance(given, dict) and given:
+        out["set"] = dict(given)  # (iolens run --set: iolens.training.overrides)
     ds = getattr(loader, "dataset", None)
     if ds is not None:
         kind = getattr(loader, "_dataset_kind", None)
@@ -1061,8 +1068,84 @@ def patch_dataloader(module: ModuleType) -> None:
     base.__next__ = __next__
     loader_cls.__iter__ = __iter__
     _patched = True
+    _patch_settings(loader_cls)
     with contextlib.suppress(Exception):  # NOTE [never hurt the job]: the loop's timing stands
         _patch_worker_loop(module)
+
+
+_settings: dict[str, Any] = {}
+_set_names: list[str] = []
+"""The DataLoader settings ``iolens run --set`` (or ``monitor(set=...)``) gives, and the
+dataset class names whose loaders take them (none: every loader)."""
+_init_of: Any = None
+"""The DataLoader class whose ``__init__`` takes them, once patched."""
+
+
+def use_settings(settings: dict[str, Any], names: Sequence[str] = ()) -> None:
+    """Give the DataLoaders made from now on ``settings`` (iolens.training.overrides, checked
+    by the caller); empty: their own again."""
+    global _settings, _set_names
+    _settings, _set_names = dict(settings), list(names)
+    mod = sys.modules.get(_DataLoaderFinder.TARGET)
+    if _settings and _patched and mod is not None:
+        _patch_settings(mod.DataLoader)
+
+
+def _patch_settings(loader_cls: Any) -> None:
+    """``iolens run --set``: the DataLoader's ``__init__`` takes the settings given instead
+    of the job's own (iolens.training.overrides), for every loader or those whose dataset
+    class is named. Nothing is patched without them."""
+    global _init_of
+    from iolens.training import overrides  # noqa: PLC0415 - only with --set
+
+    if not _settings:
+        got, names = overrides.from_env(os.environ.get(overrides.ENV))
+        if got:
+            use_settings(got, names)
+    if not _settings or _init_of is not None:
+        return
+    import inspect  # noqa: PLC0415
+
+    orig_init: Callable[..., None] = loader_cls.__init__
+    sig = inspect.signature(orig_init)
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        settings, names = _settings, _set_names
+        if not settings:
+            orig_init(self, *args, **kwargs)
+            return
+        try:
+            bound = sig.bind(self, *args, **kwargs)
+        except TypeError:  # torch says what is wrong with the job's own arguments
+            orig_init(self, *args, **kwargs)
+            return
+        given = {k: v for k, v in bound.arguments.items() if k != "self"}
+        dataset = given.get("dataset")
+        if names and type(dataset).__name__ not in names:
+            orig_init(self, *args, **kwargs)
+            return
+        try:
+            merged = overrides.merged(settings, given)
+        except overrides.SetError as exc:
+            # What the user asked for cannot apply to this loader: say so and stop before
+            # the training starts (exit 2, as a usage error), rather than train on
+            # settings other than those asked for.
+            message = f"{exc} (dataset {type(dataset).__name__})"
+            print(f"iolens: error: {message}", file=sys.stderr, flush=True)
+            w = _writer
+            if w is not None:
+                w.set_error = message
+                with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+                    w.status(installed=_patched)
+            raise SystemExit(2) from None
+        for k, v in merged.items():
+            bound.arguments[k] = v
+        orig_init(*bound.args, **bound.kwargs)
+        self._iolens_set = dict(settings)
+
+    __init__.__wrapped__ = orig_init  # type: ignore[attr-defined]
+    loader_cls.__init__ = __init__
+    _init_of = loader_cls
 
 
 class _DataLoaderFinder(importlib.abc.MetaPathFinder):
