@@ -46,7 +46,7 @@ class Samples(Dataset):
     def __len__(self):
         return 100_000
     def __getitem__(self, i):
-        if KIND == "remote":  # a remote fetch: COST seconds off the CPU
+        if KIND.startswith("remote"):  # a remote fetch: COST seconds off the CPU
             time.sleep(COST)
         elif KIND == "cpu":  # decode and augment: COST seconds of CPU
             end = time.thread_time() + COST
@@ -62,15 +62,20 @@ class Samples(Dataset):
 def keep(batch):
     return batch
 
-batch, step = {"remote": (16, 0.02), "cpu": (8, 0.002), "handover": (4, 0.002),
+batch, step = {"remote": (16, 0.02), "remote-pause": (16, 0.02), "cpu": (8, 0.002),
+               "handover": (4, 0.002),
                "steady": (32, 0.03), "steady-half": (32, 0.03)}[KIND]
 loader = DataLoader(Samples(), batch_size=batch, num_workers=WORKERS,
                     collate_fn=keep if KIND == "handover" else None,
                     persistent_workers=WORKERS > 0)
 end = time.monotonic() + SECONDS
+n = 0
 while time.monotonic() < end:
     for x in loader:
         time.sleep(step)  # the model step
+        n += 1
+        if KIND == "remote-pause" and n % 40 == 0:
+            time.sleep(0.4)  # a validation pass (or a checkpoint) every 40 steps
         if time.monotonic() > end:
             break
 print("done")
@@ -155,6 +160,23 @@ def test_remote_waits_get_the_workers_that_reach_the_step_rate(tmp_path: Path,
     assert p["limit"] in ("compute", "handover"), p
     assert p["steps_per_s"] >= 2.5 * measured(before), (p, measured(before))
     held(rec, follow(tmp_path, rec, "remote", SECONDS, str(n), "0.005"))
+
+
+def test_a_loop_that_pauses_is_modelled_from_its_steps_and_its_pauses_kept(
+        tmp_path: Path) -> None:
+    """The remote case with a 0.4 s pause every 40 steps (a validation pass): in interval
+    sums the pauses are 10 ms more compute a step; paired per batch they are their own
+    stage, the compute stays the 20 ms step's, and the more-workers prediction, which keeps
+    the pauses, holds."""
+    before, _ = run_case(tmp_path, TRAIN, "remote-pause", SECONDS, "1", "0.005")
+    model = before["verdict"]["model"]
+    assert any("pauses between steps" in b for b in model["basis"]), model
+    step = next(b for b in model["basis"] if b.startswith("step "))
+    assert float(step.split()[1]) < 25, model  # ms: the step's 20, not 30 with the pauses
+    rec = first_fix(before, "num_workers")
+    n = rec["change"]["num_workers"]
+    assert any("pauses between steps" in b for b in rec["prediction"]["basis"]), rec
+    held(rec, follow(tmp_path, rec, "remote-pause", SECONDS, str(n), "0.005"))
 
 
 def test_cpu_heavy_samples_with_a_free_core_get_one_more_worker(tmp_path: Path) -> None:

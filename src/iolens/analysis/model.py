@@ -115,9 +115,11 @@ class Figures:
     """The part of ``epoch_start_s`` that is the run's first epoch: the processes and
     workers start and caches are cold in every configuration, so no change removes it."""
     pause_s: float = 0.0
-    """Per step on average: what the loop's pauses between steps (a checkpoint, a
-    validation pass: NOTE [pauses] in iolens.rundir.timing) take beyond a step. No change
-    to the input pipeline removes them."""
+    """Per step on average: the loop's pauses between steps (a checkpoint, a validation
+    pass: NOTE [pauses] in iolens.rundir.timing), beyond its compute. No change to the
+    input pipeline removes them."""
+    pause_each_s: float = 0.0
+    """How long one pause is, on average."""
 
 
 @dataclass
@@ -148,9 +150,34 @@ def rate(f: Figures, workers: int | None = None) -> Rate:
         lim["storage"] = f.storage_sps / f.batch
     limit = min(lim, key=lambda k: lim[k])
     best = lim[limit]
-    steps = (1 / (1 / best + f.epoch_start_s + f.pause_s)
+    steps = (1 / (1 / best + f.epoch_start_s + _paused(f, n, limit, best))
              if math.isfinite(best) and best > 0 else 0.0)
     return Rate(steps, limit, {k: round(v, 4) for k, v in lim.items() if math.isfinite(v)})
+
+
+PREFETCH_BATCHES = 2
+"""Batches each worker keeps ready (torch's default prefetch_factor)."""
+
+
+def _paused(f: Figures, workers: int, limit: str, rate_now: float) -> float:
+    """What the pauses cost a step at ``rate_now``. The loop pays each in full where it
+    binds; where the workers (or the storage) bind, they go on filling their queue during
+    a pause (PREFETCH_BATCHES a worker), and the loop takes those batches without waiting
+    after it: that much of each pause is not lost."""
+    if not f.pause_s or f.pause_each_s <= 0:
+        return f.pause_s
+    if limit not in ("workers", "storage") or workers == 0:
+        return f.pause_s
+    hidden = PREFETCH_BATCHES * workers / rate_now
+    return f.pause_s * max(0.0, 1 - hidden / f.pause_each_s)
+
+
+def _pause_cost(f: Figures) -> float:
+    """What the pauses cost a step of ``f`` as it ran (see :func:`_paused`)."""
+    if not f.pause_s:
+        return 0.0
+    r = rate(dataclasses.replace(f, pause_s=0.0, epoch_start_s=0.0))
+    return _paused(f, f.workers, r.limit, r.steps_per_s)
 
 
 def _inv(x: float) -> float:
@@ -365,7 +392,9 @@ def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
         per_step = compute + (wait - pause_waits) / steady_n
         n_starts, first = 0, None
     extra = max(0.0, start_steps - n_starts * per_step) / batches if n_starts else 0.0
-    paused = max(0.0, pause_steps - n_pauses * per_step) / batches
+    # a pause's own length: its step less its wait, less the loop's compute
+    paused = max(0.0, pause_steps - pause_waits - n_pauses * compute) / batches
+    each = paused * batches / n_pauses if n_pauses else 0.0
     first_extra = (min(extra, max(0.0, first[0] / first[1] - per_step) / batches)
                    if first is not None else 0.0)
     f = Figures(
@@ -373,7 +402,7 @@ def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
         compute_s=max(1e-6, compute),
         handover_s=handover, batch=per, workers=workers, fetch_s=fetch,
         fetch_cpu_s=fetch_cpu, collate_s=collate, epoch_start_s=extra,
-        first_start_s=first_extra, pause_s=paused, cores=cores,
+        first_start_s=first_extra, pause_s=paused, pause_each_s=each, cores=cores,
         main_cpu_s=main_s, loader_cpu_s=loader, storage_sps=storage_sps)
     # Absurd figures (a damaged record) give no model rather than an infinite prediction.
     sane = all(math.isfinite(x) and 0 <= x < FIGURE_MAX
@@ -490,11 +519,12 @@ class Model:
             if d is None:
                 continue
             # its steps without its starts and pauses, with the whole run's
-            paced = 1 / d.steps_per_s - d.epoch_start_s - d.pause_s
+            paced = 1 / d.steps_per_s - d.epoch_start_s - _pause_cost(d)
             self.draws.append(dataclasses.replace(
                 d, epoch_start_s=whole.epoch_start_s, first_start_s=whole.first_start_s,
-                pause_s=whole.pause_s,
-                steps_per_s=1 / (max(paced, 1e-9) + whole.epoch_start_s + whole.pause_s)))
+                pause_s=whole.pause_s, pause_each_s=whole.pause_each_s,
+                steps_per_s=1 / (max(paced, 1e-9) + whole.epoch_start_s
+                                 + _pause_cost(whole))))
 
     def steady_batches(self) -> int:
         """Batches timed that did not open an epoch or hold a pause."""
@@ -546,8 +576,9 @@ class Model:
         if shared is not None:
             lo = math.hypot(lo, CORES_TOGETHER_LOSS)
             how += "; " + shared
+        kept = [_pauses_text(self.whole)] if self.whole.pause_s else []
         return Prediction(point, point * max(0.0, 1 - lo), point * (1 + hi), after.limit,
-                          [*basis, _limits_text(after), how], self.whole.steps_per_s)
+                          [*basis, *kept, _limits_text(after), how], self.whole.steps_per_s)
 
     def _cores_shared(self, after: Figures, point: float) -> str | None:
         """Where the change keeps more cores busy than the run did, and most of the job's
@@ -589,6 +620,12 @@ class Model:
         return max(f.workers + 1, min(MAX_WORKERS, max(1, need)))
 
 
+def _pauses_text(f: Figures) -> str:
+    return (f"the loop's pauses between steps (a checkpoint, a validation pass) "
+            f"{f.pause_s * 1000:.3g} ms a step on average, which no change to the input "
+            "pipeline removes")
+
+
 def _ratio(after: Rate, before: Rate) -> float:
     return after.steps_per_s / before.steps_per_s if before.steps_per_s > 0 else 1.0
 
@@ -609,7 +646,5 @@ def basis_of(f: Figures) -> list[str]:
     if f.storage_sps is not None:
         out.append(f"the storage serves at most {f.storage_sps:.0f} samples/s in this pattern")
     if f.pause_s:
-        out.append(f"the loop's pauses between steps (a checkpoint, a validation pass) "
-                   f"{f.pause_s * 1000:.3g} ms a step on average, which no change to the "
-                   "input pipeline removes")
+        out.append(_pauses_text(f))
     return out
