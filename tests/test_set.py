@@ -40,6 +40,10 @@ if __name__ == "__main__":
     dl = DataLoader(Items(), batch_size=8, shuffle=True, generator=g, **code)
     print("settings", dl.num_workers, dl.persistent_workers, dl.prefetch_factor)
     print("other", DataLoader(Other(), batch_size=8).num_workers)
+    if os.environ.get("VAL"):  # a validation loader of the code's own: no workers
+        val = DataLoader(Other(), batch_size=8, num_workers=0)
+        print("val", val.num_workers, val.persistent_workers, val.prefetch_factor)
+        print("validated", sum(len(b) for b in val))
     print("training")
     for epoch in range(2):
         print("order", [int(x) for b in dl for x in b])
@@ -47,14 +51,14 @@ if __name__ == "__main__":
 
 
 def _run(tmp_path: Path, *set_args: str, name: str = "run", sleep: str = "0",
-         code: str = "") -> tuple[subprocess.CompletedProcess[str], Path]:
+         code: str = "", val: str = "") -> tuple[subprocess.CompletedProcess[str], Path]:
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(SCRIPT))
     out = tmp_path / name
     cmd = [sys.executable, "-m", "iolens", "run", "--no-live", "--interval", "0.25",
            "--out", str(out), *set_args, "--", sys.executable, str(script), sleep]
     return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180,
-                          check=False, env={**os.environ, "CODE_SET": code}), out
+                          check=False, env={**os.environ, "CODE_SET": code, "VAL": val}), out
 
 
 def _lines(stdout: str, key: str) -> list[str]:
@@ -74,8 +78,12 @@ def test_parse_takes_the_loader_settings_and_refuses_the_rest() -> None:
         "prefetch_factor": 4, "multiprocessing_context": "spawn"}
     for bad, words in (("batch_size=4", "not a DataLoader setting"),
                        ("num_workers", "expected KEY=VALUE"),
-                       ("num_workers=-1", "expected 0 to 1024"),
+                       ("num_workers=-1", "whole number"),
+                       ("num_workers=2000", "expected 0 to 1024"),
                        ("num_workers=four", "whole number"),
+                       ("num_workers=1_0", "whole number"),
+                       ("num_workers=+2", "whole number"),
+                       ("python", "the command to run goes after --"),
                        ("prefetch_factor=0", "expected 1 to 1024"),
                        ("persistent_workers=maybe", "true or false"),
                        ("multiprocessing_context=thread", "fork, spawn, forkserver")):
@@ -131,7 +139,7 @@ def test_the_loaders_take_the_settings_and_the_data_order_stays(tmp_path: Path) 
     loaders = [json.loads(p.read_text()) for p in (run / "timing").glob("loader-*.json")]
     assert loaders and all(ld["set"] == given and ld["num_workers"] == 2 for ld in loaders)
     text = " ".join(_report(run, "text").split())  # (lines wrapped at the width)
-    assert ("DataLoader settings given with iolens run: --set num_workers=2 --set "
+    assert ("DataLoader settings given (--set): --set num_workers=2 --set "
             "persistent_workers=true --set prefetch_factor=3") in text
     html = run / "report.html"
     subprocess.run([sys.executable, "-m", "iolens", "report", str(run), "--format", "html",
@@ -153,12 +161,55 @@ def test_a_setting_the_loader_cannot_take_stops_before_training(tmp_path: Path) 
     out, run = _run(tmp_path, "--set", "prefetch_factor=4")
     assert out.returncode == 2, out.stderr
     assert ("iolens: error: --set prefetch_factor=4: this DataLoader has num_workers=0, and "
-            "torch takes it only from a loader with workers; add --set num_workers=N "
-            "(dataset Items)") in out.stderr
+            "torch takes it only from a loader with workers; add --set num_workers=N, or "
+            "--set-loader NAME for the loaders that have them (dataset Items)") in out.stderr
     assert "Traceback" not in out.stderr and "training" not in out.stdout
     v = _report(run)["verdict"]
     assert v["evidence"][0].startswith("the job stopped where it made its DataLoader"), v
     assert v["recommendations"][0]["action"].startswith("run again with --set"), v
+
+
+def test_a_later_loader_without_workers_keeps_its_own_and_the_training_goes_on(
+        tmp_path: Path) -> None:
+    """A training loader given workers and persistent ones, and the code's validation loader
+    with none: the first loader takes the settings, so the second is not a mistake in what
+    was asked but a loader they do not fit; it keeps num_workers=0 for what needs workers,
+    with a warning line, and the training runs to its end."""
+    out, run = _run(tmp_path, "--set-loader", "Items", "--set-loader", "Other", "--set",
+                    "num_workers=2", "persistent_workers=true", val="1",
+                    code=json.dumps({"num_workers": 0}))
+    assert out.returncode == 0, out.stderr
+    assert _lines(out.stdout, "settings") == ["2 True 2"]
+    assert _lines(out.stdout, "val") == ["2 True 2"]  # num_workers is set for it too
+    out, run = _run(tmp_path, "--set", "persistent_workers=true", name="persist", val="1",
+                    code=json.dumps({"num_workers": 2}))
+    assert out.returncode == 0, out.stderr
+    assert _lines(out.stdout, "settings") == ["2 True 2"]
+    assert _lines(out.stdout, "val") == ["0 False None"]
+    assert ("iolens: warning: --set persistent_workers=true left out for the DataLoader of "
+            "Other: it has no workers") in out.stderr
+    assert len(_lines(out.stdout, "order")) == 2
+    loaders = json.loads((run / "meta.json").read_text())["loaders"]
+    assert {"set_skipped": {"persistent_workers": True}}.items() <= next(
+        d for d in loaders if d["dataset"].endswith("Other") and d["num_workers"] == 0).items()
+
+
+def test_no_workers_set_drops_what_the_code_asked_of_workers(tmp_path: Path) -> None:
+    """--set num_workers=0 on a loader the code gives prefetch_factor and persistent
+    workers: as the code change would, those go (torch refuses them without workers)."""
+    out, _ = _run(tmp_path, "--set", "num_workers=0", code=json.dumps(
+        {"num_workers": 2, "prefetch_factor": 4, "persistent_workers": True}))
+    assert out.returncode == 0, out.stderr
+    assert _lines(out.stdout, "settings") == ["0 False None"]
+
+
+def test_a_set_loader_that_matches_nothing_is_said(tmp_path: Path) -> None:
+    out, run = _run(tmp_path, "--set", "num_workers=2", "--set-loader", "Itemz")
+    assert out.returncode == 0, out.stderr
+    assert _lines(out.stdout, "settings") == ["0 False None"]
+    caveat = _report(run)["verdict"]["caveat"]
+    assert ("the settings given (--set num_workers=2) reached no DataLoader: --set-loader "
+            "Itemz matched none of the loaders' datasets (Items)") in caveat, caveat
 
 
 def test_monitor_set_applies_while_it_records(tmp_path: Path) -> None:
@@ -212,3 +263,30 @@ def test_the_advice_tried_with_set_holds_its_prediction(tmp_path: Path) -> None:
     proof = cmp["prediction"]
     assert proof["change"]["num_workers"] == n, proof
     assert abs(proof["error"]) <= 0.25 and proof["held"], proof
+
+
+def test_the_try_line_is_for_map_style_torch_loaders_and_settings_alone() -> None:
+    """An IterableDataset's samples repeat in every worker unless it splits them itself, a
+    plain iterable has no workers to set, and pinned memory wants non_blocking copies in the
+    code too: none of those gets a `--set` line; a map-style DataLoader's worker count does,
+    with the run's own --set kept."""
+    from iolens.analysis.verdict import Recommendation, Verdict, _how_to_try
+
+    def tried(loader: dict[str, Any], change: dict[str, Any], **meta: Any) -> str | None:
+        v = Verdict("loader-starved", "high", 0.5,
+                    recommendations=[Recommendation("do it", "why", "gain", change=change)])
+        _how_to_try(v, {"command": ["python", "train.py", "--lr", "0.1 0.2"],
+                        "loaders": [loader], **meta})
+        return v.recommendations[0].try_it
+
+    torch_map = {"loader": "torch.utils.data.dataloader.DataLoader", "iterable": False,
+                 "dataset": "__main__.Items", "set": {"persistent_workers": True}}
+    assert tried(torch_map, {"num_workers": 4}, set={"persistent_workers": True},
+                 set_loaders=["Items"]) == (
+        "iolens run --set persistent_workers=true --set num_workers=4 --set-loader Items "
+        "-- python train.py --lr '0.1 0.2'")
+    assert tried({**torch_map, "iterable": True}, {"num_workers": 4}) is None
+    assert tried({**torch_map, "loader": "iolens.api.InstrumentedLoader"},
+                 {"num_workers": 1}) is None
+    assert tried(torch_map, {"pin_memory": True}) is None
+    assert tried(torch_map, {"fetch_cpu": 0.5}) is None

@@ -74,7 +74,8 @@ class Monitor:
         if self.settings and not instrument:
             raise ValueError("set= works through the DataLoader's instrumentation: not with "
                              "instrument=False")
-        self.set_loaders = [str(n) for n in set_loaders]
+        self.set_loaders = ([set_loaders] if isinstance(set_loaders, str)
+                            else [str(n) for n in set_loaders])
         self._out = os.fspath(out) if out is not None else None
         self.run_dir: str | None = None
         """Where the run is recorded; set by :meth:`start`."""
@@ -160,6 +161,7 @@ class Monitor:
         if self.instrument:
             flush_ms = max(50, min(1000, int(self.interval * 250)))
             _hooks.start(os.path.join(self.run_dir, "timing"), flush_ms * 1_000_000)
+            _hooks.set_errors_raise = True
             _hooks.use_settings(self.settings, self.set_loaders)
             _hooks.install_import_hook()
         # NOTE [never hurt the job]: iolens' own import leaves some 30,000 new objects

@@ -609,6 +609,7 @@ class RunSide:
     distributions: dict[str, Any]
     settings: dict[str, Any] | None = None
     """The DataLoader settings the run was given with ``iolens run --set``."""
+    set_loaders: list[str] | None = None
 
 
 @dataclass
@@ -695,7 +696,8 @@ def _side(run: RunData, batches: BatchSamples | None, iv: IntervalSamples,
     given = meta.get("set")
     return RunSide(os.path.abspath(run.path), source, count, len(run.records), every,
                    meta.get("exit_code"), notes, verdict.to_dict(), dist,
-                   dict(given) if isinstance(given, dict) and given else None)
+                   dict(given) if isinstance(given, dict) and given else None,
+                   [str(n) for n in meta.get("set_loaders") or []] or None)
 
 
 def _judge(res: MetricResult, ci: Interval | None, short: str | None) -> None:
@@ -1133,7 +1135,8 @@ def to_dict(cmp: Comparison, gate: Sequence[GateResult] | None = None, *,
         return {"path": s.path, "samples": s.source, "batches": s.batches,
                 "sampled_every": s.every,
                 "intervals": s.intervals, "exit_code": s.exit_code, "notes": s.notes,
-                "set": s.settings, "distributions": s.distributions}
+                "set": s.settings, "set_loaders": s.set_loaders,
+                "distributions": s.distributions}
 
     gate = list(gate or [])
     return {

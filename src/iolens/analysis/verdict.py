@@ -507,20 +507,34 @@ def _how_to_try(v: Verdict, meta: dict[str, Any]) -> None:
             if isinstance(command, list) and command else " -- CMD")
     given = meta.get("set")
     given = given if isinstance(given, dict) else {}
-    loaders = "".join(f" --set-loader {shlex.quote(str(n))}"
-                      for n in meta.get("set_loaders") or [])
+    only = "".join(f" --set-loader {shlex.quote(str(n))}"
+                   for n in meta.get("set_loaders") or [])
     recs = [*v.recommendations, *v.declined,
             *(r for f in v.findings for r in f.recommendations)]
+    loaders = [d for d in meta.get("loaders") or [] if isinstance(d, dict)]
+    if given and loaders and not any("set" in d for d in loaders):
+        names = sorted({str(d.get("dataset", "?")).rsplit(".", 1)[-1] for d in loaders})
+        v.caveat = ((v.caveat + "; ") if v.caveat else "") + (
+            f"the settings given ({overrides.line(given)}) reached no DataLoader: "
+            + (f"--set-loader {', '.join(map(str, meta.get('set_loaders') or []))} matched "
+               f"none of the loaders' datasets ({', '.join(names)})"
+               if meta.get("set_loaders") else "none was made after they were given"))
+    # (a DataLoader's settings only: not a plain iterable's, not an IterableDataset's,
+    # whose samples repeat in every worker unless it splits them itself)
+    settable = bool(loaders) and all(
+        str(d.get("loader", "")).endswith("DataLoader") and not d.get("iterable")
+        for d in loaders)
     for r in recs:
         change = r.change or {}
-        if not change or any(k not in overrides.KEYS for k in change):
+        if (not settable or not change or any(k not in overrides.KEYS for k in change)
+                or "pin_memory" in change):  # (pinned memory wants non_blocking copies too)
             continue
         try:
             settings = overrides.parse(f"{k}={overrides.text(x)}"
                                        for k, x in {**given, **change}.items())
         except overrides.SetError:
             continue
-        r.try_it = "iolens run " + overrides.line(settings) + loaders + tail
+        r.try_it = "iolens run " + overrides.line(settings) + only + tail
 
 
 def served_storage(meta: dict[str, Any]) -> list[dict[str, Any]]:
@@ -882,12 +896,14 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
                             if int(d.get("num_workers") or 0) > 0), default=2)
             action = (f"raise prefetch_factor (batches each worker keeps ready) from "
                       f"{prefetch} to {2 * prefetch}")
+            change: dict[str, Any] = {"prefetch_factor": 2 * prefetch}
             if not v.already("persistent_workers", True):
                 action += " and set persistent_workers=True"
+                change["persistent_workers"] = True
             v.recommendations.append(Recommendation(
                 action, bursts, ceiling, None,
                 "the model works from each stage's mean cost; bursts are in its interval",
-                {"prefetch_factor": 2 * prefetch}))
+                change))
         if any(r.get("gpu") for r in timed) and not v.already("pin_memory", True):
             v.recommendations.append(Recommendation(
                 "use pin_memory=True in the DataLoader and .to(device, non_blocking=True)",

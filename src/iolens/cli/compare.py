@@ -214,7 +214,8 @@ def _render_text(obj: dict[str, Any]) -> str:
         if side.get("set"):
             from iolens.training.overrides import line as set_line  # noqa: PLC0415
 
-            extra += ", run with " + set_line(side["set"])
+            extra += ", run with " + set_line(side["set"]) + "".join(
+                f" --set-loader {n}" for n in side.get("set_loaders") or [])
         line.append(extra, style="dim")
         parts.append(line)
     parts.append(Text(""))

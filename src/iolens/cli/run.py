@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="iolens run",
         usage="iolens run [--out DIR] [--interval S] [--path P ...] [--device D ...] "
               "[--prometheus [HOST:]PORT] [--job NAME] [--csv FILE] [--tensorboard DIR] "
-              "[--mlflow] [--wandb] [--set KEY=VALUE ...] -- CMD ...",
+              "[--mlflow] [--wandb] [--set KEY=VALUE ...] [--set-loader NAME] -- CMD ...",
         description="Run CMD and record, every interval, the disks, the job's processes and "
                     "how long its training loop waits for data.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,12 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="settings", action="extend", nargs="+", default=[],
                    metavar="KEY=VALUE",
                    help="DataLoader settings the job's loaders take instead of their own, "
-                        "with no code change: num_workers, prefetch_factor, "
-                        "persistent_workers, pin_memory, multiprocessing_context "
-                        "(repeatable; e.g. --set num_workers=4 persistent_workers=true)")
+                        "with no code change: num_workers and prefetch_factor (numbers), "
+                        "persistent_workers and pin_memory (true/false), "
+                        "multiprocessing_context (fork, spawn, forkserver); repeatable, "
+                        "e.g. --set num_workers=4 persistent_workers=true")
     p.add_argument("--set-loader", dest="set_loaders", action="append", default=[],
                    metavar="NAME",
-                   help="--set only the loaders whose dataset's class is NAME (repeatable; "
+                   help="--set only the loaders whose dataset's class is NAME (its bare "
+                        "name, e.g. ImageFolder; a Subset's dataset counts too; repeatable; "
                         "default: every loader)")
     p.add_argument("--linger", type=float, default=10.0, metavar="S",
                    help="go on recording processes the job leaves running for at most S "
@@ -164,6 +166,7 @@ def run(ns: argparse.Namespace) -> int:
     command = list(ns.command)
     if command and command[0] == "--":
         command = command[1:]
+    settings = _settings(p, ns)
     if not command:
         p.error("no command to run: iolens run [OPTIONS] -- CMD ...")
     if shutil.which(command[0]) is None and not os.path.exists(command[0]):
@@ -182,7 +185,6 @@ def run(ns: argparse.Namespace) -> int:
     for flag, value in (("--csv", ns.csv), ("--tensorboard", ns.tensorboard), ("--job", ns.job)):
         if value is not None and not value.strip():
             p.error(f"{flag} needs a value")
-    settings = _settings(p, ns)
     if not 0 <= ns.linger <= 3600:
         p.error(f"--linger must be between 0 and 3600 seconds, not {ns.linger:g}")
     out = ns.out or default_run_dir("iolens-runs", command)

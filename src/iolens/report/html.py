@@ -594,7 +594,7 @@ def _run_section(report: dict[str, Any]) -> str:
         span += f", exit code {run['exit_code']}"
     facts.append(("recorded", span))
     if isinstance(run.get("set"), dict) and run["set"]:
-        facts.append(("DataLoader settings given", overrides.line(run["set"]) + "".join(
+        facts.append(("DataLoader settings given (--set)", overrides.line(run["set"]) + "".join(
             f" --set-loader {n}" for n in run.get("set_loaders") or [])))
     rows = "".join(f"<tr><th>{_e(k)}</th><td><code>{_e(v)}</code></td></tr>"
                    if k == "command" else f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>"

@@ -78,7 +78,7 @@ def _verdict(report: dict[str, Any]) -> RenderableType:
             text.append(f"\nbecause {rec.get('because')}{sep}{rec.get('expected_gain')}",
                         style="dim")
             if rec.get("try"):
-                text.append(f"\nwith no code change: {rec['try']}")
+                text.append(f"\nwith no code change: command {i} at the end of this report")
             items.append((f"{i}.", text))
         parts.append(_bullets(items))
         declined = []
@@ -292,7 +292,7 @@ def render(report: dict[str, Any]) -> RenderableType:
         f"{_f(run.get('interval_s'), 'g')} s"
         + (f", exit code {run['exit_code']}" if run.get("exit_code") is not None else "")))
     if isinstance(run.get("set"), dict) and run["set"]:
-        lines.append(Text("DataLoader settings given with iolens run: "
+        lines.append(Text("DataLoader settings given (--set): "
                           + overrides.line(run["set"])
                           + "".join(f" --set-loader {n}" for n in run.get("set_loaders") or [])))
     parts: list[RenderableType] = [Group(*lines), _verdict(report)]
@@ -332,8 +332,16 @@ def printable(value: Any) -> Any:
 
 
 def print_report(report: dict[str, Any], console: Console) -> None:
-    """Print the report to ``console`` (a file or the terminal); see :func:`printable`."""
+    """Print the report to ``console`` (a file or the terminal); see :func:`printable`.
+    The ``iolens run --set`` commands of the recommendations follow, each on one line
+    whatever its length: they are copied as they are."""
     console.print(render(printable(report)))
+    recs = (report.get("verdict") or {}).get("recommendations") or []
+    tries = [(i, r["try"]) for i, r in enumerate(recs, 1) if isinstance(r, dict) and r.get("try")]
+    if tries:
+        console.print(Text("with no code change", style="bold"))
+        for i, cmd in tries:
+            console.print(f"  {i}. {cmd}", soft_wrap=True, markup=False, highlight=False)
 
 
 def _ranks_table(ranks: list[dict[str, Any]], title: str) -> RenderableType | None:

@@ -436,6 +436,11 @@ class TimingReader:
         if isinstance(item, dict):
             self.loaders[name] = {k: v for k, v in item.items()
                                   if isinstance(v, (str, int, float, bool))}
+            for key in ("set", "set_skipped"):  # (iolens run --set: taken, or left out)
+                given = item.get(key)
+                if isinstance(given, dict):
+                    self.loaders[name][key] = {str(k): v for k, v in given.items()
+                                               if isinstance(v, (str, int, float, bool))}
 
     def _read_paths(self, pid: int, path: str) -> None:
         offset = self._offsets.get(path, 0)

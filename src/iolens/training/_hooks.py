@@ -422,8 +422,11 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         if v is not None:
             out[key] = _type_name(v)
     given = getattr(loader, "_iolens_set", None)
-    if isinstance(given, dict) and given:
+    if isinstance(given, dict):
         out["set"] = dict(given)  # (iolens run --set: iolens.training.overrides)
+    skipped = getattr(loader, "_iolens_set_skipped", None)
+    if isinstance(skipped, dict) and skipped:
+        out["set_skipped"] = dict(skipped)
     ds = getattr(loader, "dataset", None)
     if ds is not None:
         kind = getattr(loader, "_dataset_kind", None)
@@ -1079,6 +1082,11 @@ _set_names: list[str] = []
 dataset class names whose loaders take them (none: every loader)."""
 _init_of: Any = None
 """The DataLoader class whose ``__init__`` takes them, once patched."""
+_took = 0
+"""Loaders that took them so far."""
+set_errors_raise = False
+"""A setting a loader cannot take raises ValueError in the job (``monitor(set=...)``)
+rather than ending it with exit 2 (``iolens run --set``)."""
 
 
 def use_settings(settings: dict[str, Any], names: Sequence[str] = ()) -> None:
@@ -1110,6 +1118,7 @@ def _patch_settings(loader_cls: Any) -> None:
     sig = inspect.signature(orig_init)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        global _took
         settings, names = _settings, _set_names
         if not settings:
             orig_init(self, *args, **kwargs)
@@ -1121,27 +1130,42 @@ def _patch_settings(loader_cls: Any) -> None:
             return
         given = {k: v for k, v in bound.arguments.items() if k != "self"}
         dataset = given.get("dataset")
-        if names and type(dataset).__name__ not in names:
+        if names and not overrides.names_of(dataset) & set(names):
             orig_init(self, *args, **kwargs)
             return
+        taken, skipped = dict(settings), {}
         try:
             merged = overrides.merged(settings, given)
         except overrides.SetError as exc:
-            # What the user asked for cannot apply to this loader: say so and stop before
-            # the training starts (exit 2, as a usage error), rather than train on
-            # settings other than those asked for.
             message = f"{exc} (dataset {type(dataset).__name__})"
-            print(f"iolens: error: {message}", file=sys.stderr, flush=True)
-            w = _writer
-            if w is not None:
-                w.set_error = message
-                with contextlib.suppress(Exception):  # NOTE [never hurt the job]
-                    w.status(installed=_patched)
-            raise SystemExit(2) from None
+            if not _took:
+                # The first loader cannot take what was asked: say so and stop before the
+                # training starts (exit 2, as a usage error), rather than train on settings
+                # other than those asked for.
+                if set_errors_raise:
+                    raise ValueError(message) from None
+                print(f"iolens: error: {message}", file=sys.stderr, flush=True)
+                w = _writer
+                if w is not None:
+                    w.set_error = message
+                    with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+                        w.status(installed=_patched)
+                raise SystemExit(2) from None
+            # Another loader took them (a validation loader without workers beside the
+            # training's): this one keeps its own for what it cannot take, with a warning;
+            # the training goes on.
+            skipped = {k: v for k, v in settings.items() if k in overrides.NEEDS_WORKERS}
+            taken = {k: v for k, v in settings.items() if k not in skipped}
+            print(f"iolens: warning: {overrides.line(skipped)} left out for the DataLoader of "
+                  f"{type(dataset).__name__}: it has no workers", file=sys.stderr, flush=True)
+            merged = overrides.merged(taken, given)
         for k, v in merged.items():
             bound.arguments[k] = v
         orig_init(*bound.args, **bound.kwargs)
-        self._iolens_set = dict(settings)
+        self._iolens_set = taken
+        if skipped:
+            self._iolens_set_skipped = skipped
+        _took += 1
 
     __init__.__wrapped__ = orig_init  # type: ignore[attr-defined]
     loader_cls.__init__ = __init__

@@ -39,7 +39,8 @@ def parse(items: Iterable[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         key, raw = key.strip(), raw.strip()
         if not sep or not key or not raw:
-            raise SetError(f"--set {item!r}: expected KEY=VALUE, e.g. num_workers=4")
+            raise SetError(f"--set {item!r}: expected KEY=VALUE, e.g. num_workers=4 (the "
+                           "command to run goes after --)")
         if key not in KEYS:
             raise SetError(f"--set {key}: not a DataLoader setting iolens can set; one of "
                            + ", ".join(KEYS))
@@ -56,10 +57,9 @@ def parse(items: Iterable[str]) -> dict[str, Any]:
 
 def _value(key: str, raw: str) -> Any:
     if key in ("num_workers", "prefetch_factor"):
-        try:
-            n = int(raw)
-        except ValueError:
-            raise SetError(f"--set {key}={raw}: expected a whole number") from None
+        if not (raw.isascii() and raw.isdigit()):
+            raise SetError(f"--set {key}={raw}: expected a whole number")
+        n = int(raw)
         low = 0 if key == "num_workers" else 1
         if not low <= n <= 1024:
             raise SetError(f"--set {key}={n}: expected {low} to 1024")
@@ -103,10 +103,17 @@ def from_env(value: str | None) -> tuple[dict[str, Any], list[str]]:
     return got, names
 
 
+UNSET = {"prefetch_factor": None, "persistent_workers": False,
+         "multiprocessing_context": None}
+"""What a loader without workers must have for these (torch refuses anything else)."""
+
+
 def merged(settings: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
     """The loader's keyword arguments ``given`` (its own, bound by name) with ``settings``
-    applied; SetError where the loader would then have no workers but a setting that needs
-    them (torch rejects it)."""
+    applied. ``num_workers=0`` set on a loader whose code asks for prefetch_factor (or
+    persistent workers, or a start method) drops those, as the code change would have to;
+    SetError where a setting given needs workers the loader does not have (torch rejects
+    it)."""
     out = dict(given)
     out.update(settings)
     if not int(out.get("num_workers") or 0):
@@ -115,5 +122,27 @@ def merged(settings: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, A
             raise SetError(
                 f"--set {bad[0]}={text(settings[bad[0]])}: this DataLoader has "
                 "num_workers=0, and torch takes it only from a loader with workers; add "
-                "--set num_workers=N")
+                "--set num_workers=N, or --set-loader NAME for the loaders that have them")
+        if "num_workers" in settings:
+            for k, v in UNSET.items():
+                if k in out and k not in settings:
+                    out[k] = v
+    return out
+
+
+def names_of(dataset: Any) -> set[str]:
+    """The names ``--set-loader`` matches for a loader of ``dataset``: its class's name,
+    qualified name and module path, and those of the dataset a wrapper holds (a Subset,
+    a ConcatDataset's first)."""
+    out: set[str] = set()
+    for _ in range(4):
+        cls = type(dataset)
+        out |= {cls.__name__, cls.__qualname__, f"{cls.__module__}.{cls.__qualname__}"}
+        inner = getattr(dataset, "dataset", None)
+        if inner is None:
+            many = getattr(dataset, "datasets", None)
+            inner = many[0] if isinstance(many, list | tuple) and many else None
+        if inner is None:
+            break
+        dataset = inner
     return out
