@@ -420,7 +420,10 @@ def test_workers_added_on_busy_cores_cost_the_step_and_widen_the_low_end() -> No
     assert cpu == pytest.approx(2 / (after.main_cpu_s + after.loader_cpu_s), rel=1e-3)
     p = m.predict(pm.more_workers(2))
     assert p is not None and p.limit == "cpu"
-    assert p.low <= p.steps_per_s * (1 - pm.CORES_TOGETHER_LOSS) + 1e-9
+    # halfway between the cores' own figure and the loss, the interval spanning both
+    fluid = p.steps_per_s / (1 - pm.CORES_TOGETHER_LOSS / 2)
+    assert fluid == pytest.approx(f.steps_per_s * cpu / rate(f).steps_per_s, rel=1e-6)
+    assert p.low <= fluid * (1 - pm.CORES_TOGETHER_LOSS) + 1e-9 and p.high >= fluid
     assert "cores busy" in p.basis[-1]
     # one worker, its fetch mostly off the CPU: a core stays free, no such term
     m1 = Model([interval(i) for i in range(20)], cpus=2)

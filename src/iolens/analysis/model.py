@@ -77,8 +77,9 @@ WORKER_BATCH_CPU_PRIOR_S = 0.0016
 index queue, the batch's tensors moved to shared memory and sent)."""
 CORES_TOGETHER_LOSS = 0.20
 """Cores kept busy together did up to this much less work each than one busy alone, in the
-lab (NOTE [workers share the cores]): the low end of a prediction that keeps more cores
-busy than the run did holds it."""
+lab (NOTE [workers share the cores]): a prediction that keeps more cores busy than the run
+did is put halfway (none was lost in arithmetic on the CPU, this much in JPEG decoding),
+and its interval spans both."""
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,8 @@ where the cores are all busy. And cores busy together do less each than one alon
 caches and memory, a hypervisor's steal): a JPEG pipeline on 2 cores, 0 -> 2 workers, ran
 its workers' fetch at 1.2x the CPU a sample and the job at 1.8 of the 2 cores, 32.5 steps/s
 where the cores' own figures gave 38; CPU-only samples lost nothing. So a change that keeps
-more cores busy than the run did has CORES_TOGETHER_LOSS in the low end of its interval."""
+more cores busy than the run did is predicted at half CORES_TOGETHER_LOSS below the cores'
+own figures, with an interval from the whole loss to none."""
 
 
 def more_workers(n: int) -> Change:
@@ -573,11 +575,13 @@ class Model:
                f"and the model's error of {err * 100:.0f}% "
                + ("on the lab cases" if err == MODEL_ERROR else "on this run as it was"))
         shared = self._cores_shared(change(self.whole), point)
+        low, high = point * max(0.0, 1 - lo), point * (1 + hi)
         if shared is not None:
-            lo = math.hypot(lo, CORES_TOGETHER_LOSS)
+            low = point * max(0.0, 1 - math.hypot(lo, CORES_TOGETHER_LOSS))
+            point *= 1 - CORES_TOGETHER_LOSS / 2
             how += "; " + shared
         kept = [_pauses_text(self.whole)] if self.whole.pause_s else []
-        return Prediction(point, point * max(0.0, 1 - lo), point * (1 + hi), after.limit,
+        return Prediction(point, low, high, after.limit,
                           [*basis, *kept, _limits_text(after), how], self.whole.steps_per_s)
 
     def _cores_shared(self, after: Figures, point: float) -> str | None:
@@ -592,8 +596,9 @@ class Model:
             return None
         return (f"the loop and the workers would keep {then:.1f} of the job's {f.cores:.1f} "
                 f"cores busy ({now:.1f} now): the workers' CPU comes from the step's cores, "
-                f"and cores busy together did up to {CORES_TOGETHER_LOSS * 100:.0f}% less "
-                "each in the lab, which the low end holds")
+                f"and cores busy together did 0-{CORES_TOGETHER_LOSS * 100:.0f}% less each "
+                f"in the lab: the figure is {CORES_TOGETHER_LOSS * 50:.0f}% below the cores' "
+                "own, the interval spans both")
 
     def workers_to_next_limit(self) -> int | None:
         """The fewest workers whose rate clears the next limit by TARGET_MARGIN (not a
