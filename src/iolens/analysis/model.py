@@ -53,9 +53,9 @@ MAX_BLOCKS = 40
 MODEL_ERROR = 0.11
 """The model's own error on the lab cases: about the largest of bench/RESULTS.md's prediction
 table (each case's fix followed, three runs after it), which the interval holds beside the
-run's own variation. The table of 2026-12-03 14:03: 8.4% over the 20 runs of 7 cases where
-cores busy together are not at stake (and one run left out, unexplained: see there); the
-JPEG case, where they are, missed by up to 20.7%, which CORES_TOGETHER_LOSS holds."""
+run's own variation. The table of 2026-12-03 14:53: 11.0% at most over the 15 runs of the 5
+cases where cores busy together are not at stake; 19.8% at most, 4.5% the median, over all
+24 runs of 8 cases, every one inside its interval."""
 MIN_STEADY_BATCHES = 20
 """Fewer steady batches (not opening an epoch, holding no pause) than this: no prediction."""
 TARGET_MARGIN = 1.15
