@@ -429,3 +429,46 @@ def test_workers_added_on_busy_cores_cost_the_step_and_widen_the_low_end() -> No
     m1 = Model([interval(i) for i in range(20)], cpus=2)
     p1 = m1.predict(pm.more_workers(5))
     assert p1 is not None and "cores busy" not in p1.basis[-1]
+
+
+def busy_workers_records(delay_pct: float) -> list[dict[str, Any]]:
+    """Two workers decoding 16 samples of 3 ms of CPU a batch on 2 cores, 25 steps a
+    second of 38 ms of compute, of which the loop waited ``delay_pct`` of each second for
+    a core (its run delay)."""
+    recs = [interval(i, batches=25, step=0.040, wait=0.002, fetch=0.003, cpu=0.003,
+                     workers=2) for i in range(20)]
+    for r in recs:
+        r["job"] = {"cpu_pct": 195.0, "roles": {
+            "main": {"cpu_pct": 75.0, "run_delay_pct": delay_pct},
+            "worker": {"cpu_pct": 120.0, "pids": 2}}}
+        r["cpu"] = {"idle": 2.5, "iowait": 0.0}
+    return recs
+
+
+def test_a_loop_that_waited_for_a_core_gets_it_back_where_the_workers_free_them() -> None:
+    """NOTE [a loop that waits for a core]: the loop's run delay (11 ms of its 38 ms step)
+    came from the workers keeping both cores busy; a cheaper transform leaves the cores
+    freer and the loop faster, more workers keep the wait as it was."""
+    m, bare = Model(busy_workers_records(27.5), cpus=2), Model(busy_workers_records(0), cpus=2)
+    f = m.whole
+    assert f is not None and f.compute_delay_s == pytest.approx(0.011)
+    assert bare.whole is not None and bare.whole.compute_delay_s == 0
+    # nothing changed: the run itself
+    same = m.predict(lambda x: x)
+    assert same is not None and same.steps_per_s == pytest.approx(f.steps_per_s)
+    cheap, cheap_bare = m.predict(pm.cheaper_fetch(0.2)), bare.predict(pm.cheaper_fetch(0.2))
+    assert cheap is not None and cheap_bare is not None
+    assert cheap.steps_per_s > 1.1 * cheap_bare.steps_per_s
+    freed = pm.with_freed_cores(f, pm.cheaper_fetch(0.2)(f))
+    assert 0.027 <= freed.compute_s < 0.038 and freed.compute_delay_s < f.compute_delay_s
+    # the share of the wait kept agrees with the workers' CPU at the rate it gives
+    k = freed.compute_delay_s / f.compute_delay_s
+    w1 = rate(freed).steps_per_s * freed.loader_cpu_s
+    w0 = f.steps_per_s * f.loader_cpu_s
+    assert k == pytest.approx(min(1.0, max(0.0, (w1 + 1) / 2 - 1) / ((w0 + 1) / 2 - 1)),
+                             abs=1e-6)
+    # no workers at all: the loop alone on the cores waits for none
+    assert pm.with_freed_cores(f, pm.more_workers(0)(f)).compute_delay_s < 1e-9
+    more, more_bare = m.predict(pm.more_workers(4)), bare.predict(pm.more_workers(4))
+    assert more is not None and more_bare is not None
+    assert more.steps_per_s == pytest.approx(more_bare.steps_per_s)

@@ -242,3 +242,31 @@ def test_where_a_process_waits() -> None:
     assert parse_wait("do_epoll_wait", "232 0x3", "aarch64") == {
         "wchan": "do_epoll_wait", "syscall": "232"}  # (numbers differ per machine)
     assert parse_wait("", "", "x86_64") == {}
+
+
+def test_a_process_run_queue_wait() -> None:
+    from iolens.sources.procfs import parse_run_delay
+
+    assert parse_run_delay("145322144 12295426 394\n") == 12295426
+    assert parse_run_delay("") is None and parse_run_delay("1 x 2") is None
+
+
+def test_run_queue_wait_is_read_where_the_kernel_keeps_it() -> None:
+    """Two busy processes on one core: each waits for it about as long as it runs."""
+    from iolens.sources.procfs import ProcessTable
+    from tests.conftest import need
+
+    need(os.path.exists(f"/proc/{os.getpid()}/schedstat"),
+         "this kernel keeps no /proc/PID/schedstat (CONFIG_SCHED_INFO off)")
+    spin = "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass\n"
+    procs = [subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", spin])
+             for _ in range(2)]
+    try:
+        time.sleep(0.8)
+        table = ProcessTable()
+        delays = [table.read_run_delay(p.pid) for p in procs]
+    finally:
+        for p in procs:
+            p.wait(timeout=30)
+    assert all(d is not None and d > 0.1e9 for d in delays), delays
+    assert table.read_run_delay(procs[0].pid) is None  # gone

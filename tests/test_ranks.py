@@ -129,18 +129,20 @@ def test_torchrun_with_one_rank_on_a_slow_disk_names_it_the_straggler(tmp_path: 
     assert ranks["1"]["data_wait_share"] > ranks["0"]["data_wait_share"] + 0.1
 
 
+# 60 steps of 20 ms: the worker's start-up (up to 0.3 s on a loaded machine) stays a
+# small part of a fast node's wait.
 SINGLE = textwrap.dedent("""
     import sys, time, torch
     from torch.utils.data import DataLoader, Dataset
     delay = float(sys.argv[1])
     class D(Dataset):
         def __len__(self):
-            return 240
+            return 480
         def __getitem__(self, i):
             time.sleep(delay)
             return torch.zeros(4)
     for x in DataLoader(D(), batch_size=8, num_workers=1):
-        time.sleep(0.01)
+        time.sleep(0.02)
 """)
 
 
@@ -148,7 +150,7 @@ def test_a_folder_of_node_runs_reports_the_straggler_node(tmp_path: Path) -> Non
     script = tmp_path / "train.py"
     script.write_text(SINGLE)
     job = tmp_path / "job"
-    for node, rk, delay in (("node-a", "0", "0.0002"), ("node-b", "1", "0.004")):
+    for node, rk, delay in (("node-a", "0", "0.0002"), ("node-b", "1", "0.008")):
         env = {**os.environ, "RANK": rk, "WORLD_SIZE": "2"}  # as torchrun sets on each node
         done = subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.5",
                                "--out", str(job / node), "--no-live", "--", sys.executable,

@@ -550,6 +550,15 @@ def test_a_run_that_ends_waiting_for_a_batch_is_hung() -> None:
     assert v.evidence[0].startswith("no batch came in the last 44 s recorded"), v.evidence
     assert "worker 11 (S, in openat, at wait_for_partner)" in v.evidence[0]
     assert v.recommendations[0].action.startswith("see where the workers wait")
+    # The job stopped by a signal: its last intervals see a worker run its handler and the
+    # main process gone. Each process is told as most of the hang saw it.
+    stopped = [dict(p) for p in records[-1]["train"]["waiting"]]
+    stopped[1].update(state="R", syscall="running", wchan="")
+    for r in records[-2:]:
+        r["train"]["waiting"] = stopped[1:]
+    evidence = diagnose(records, META).evidence[0]
+    assert evidence.endswith("main 10 (S, in poll), worker 11 (S, in openat, at "
+                             "wait_for_partner)"), evidence
     assert any(f.cls == "hang" for f in v.findings)
     # no batch at all: the loop began an epoch and none came
     began = [rec(i, batches=0) for i in range(40)]

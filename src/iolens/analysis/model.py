@@ -120,6 +120,9 @@ class Figures:
     input pipeline removes them."""
     pause_each_s: float = 0.0
     """How long one pause is, on average."""
+    compute_delay_s: float = 0.0
+    """Per step: the part of ``compute_s`` the loop waited for a core, runnable while the
+    cores were busy with the workers (NOTE [a loop that waits for a core])."""
 
 
 @dataclass
@@ -259,7 +262,58 @@ def cheaper_handover(factor: float) -> Change:
 def cheaper_compute(factor: float) -> Change:
     """The model step's time (and its CPU) times ``factor``."""
     return lambda f: dataclasses.replace(f, compute_s=f.compute_s * factor,
-                                         main_cpu_s=f.main_cpu_s * factor)
+                                         main_cpu_s=f.main_cpu_s * factor,
+                                         compute_delay_s=f.compute_delay_s * factor)
+
+
+"""NOTE [a loop that waits for a core]: where the workers keep the cores busy, the loop's
+step waits on a run queue for one (its main thread's run delay, /proc/PID/schedstat), and
+its compute as measured holds that wait: a JPEG pipeline's 2 workers on 2 cores stretched
+a 27 ms step to 38 ms. A change that takes the workers' CPU away (a cheaper transform,
+fewer workers) gives the loop that time back, and how much depends on how busy the workers
+leave the cores: as a fluid of processes shares them, the loop (one core's demand while it
+computes) waits in proportion to how far the workers' demand W and its own exceed the
+cores C, (W + 1) / C - 1. The wait after the change is the run's, scaled by that figure
+there over its figure in the run (in proportion to W where the run's figure is none: the
+wait came from bursts), at the rate the change reaches. A change that keeps the cores
+busier keeps the run's wait: the cores-shared interval (NOTE [workers share the cores])
+speaks for it."""
+
+
+def _contention(f: Figures, workers_cpu: float) -> float:
+    if f.cores is None or f.cores <= 0:
+        return 0.0
+    return max(0.0, (workers_cpu + 1) / f.cores - 1)
+
+
+def with_freed_cores(before: Figures, after: Figures, workers: int | None = None) -> Figures:
+    """``after`` with the loop's wait for a core scaled to the workers' CPU it leaves
+    (NOTE [a loop that waits for a core])."""
+    delay = after.compute_delay_s
+    if delay <= 0 or before.workers == 0 or before.cores is None:
+        return after
+    w0 = before.steps_per_s * before.loader_cpu_s
+    g0 = _contention(before, w0)
+    n = after.workers if workers is None else workers
+
+    def kept(k: float) -> Figures:
+        return dataclasses.replace(after, compute_s=after.compute_s - delay * (1 - k),
+                                   compute_delay_s=delay * k)
+
+    def wait_share(k: float) -> float:  # the share the workers' CPU at that rate leaves
+        w1 = rate(kept(k), workers).steps_per_s * after.loader_cpu_s if n else 0.0
+        if g0 > 0:
+            return min(1.0, _contention(before, w1) / g0)
+        return min(1.0, w1 / w0) if w0 > 0 else 1.0
+
+    # The less wait kept, the faster the loop and the busier the workers: wait_share falls
+    # as k grows, and the share that agrees with itself is found by halving.
+    lo, hi = 0.0, 1.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if wait_share(mid) > mid else (lo, mid)
+    out = kept((lo + hi) / 2)
+    return out
 
 
 def no_epoch_starts() -> Change:
@@ -322,12 +376,13 @@ def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
             and not _num(_train(r).get("pause_step"), "count")]
     if len(calm) >= max(1, len(steady) // 2):
         steady = calm
-    secs = cpu_batches = main_cpu = worker_cpu = job_cpu = busy = 0.0
+    secs = cpu_batches = main_cpu = worker_cpu = job_cpu = busy = main_delay = 0.0
     for r in steady:
         s = _num(r, "interval_s")
         secs += s
         cpu_batches += _num(_train(r), "batches")
         main_cpu += _num(_role(r, "main"), "cpu_pct") / 100 * s
+        main_delay += _num(_role(r, "main"), "run_delay_pct") / 100 * s
         worker_cpu += _num(_role(r, "worker"), "cpu_pct") / 100 * s
         job_cpu += _num(r.get("job"), "cpu_pct") / 100 * s
         c = r.get("cpu")
@@ -400,9 +455,11 @@ def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
     each = paused * batches / n_pauses if n_pauses else 0.0
     first_extra = (min(extra, max(0.0, first[0] / first[1] - per_step) / batches)
                    if first is not None else 0.0)
+    compute = max(1e-6, compute)
     f = Figures(
         steps_per_s=batches / step,
-        compute_s=max(1e-6, compute),
+        compute_s=compute,
+        compute_delay_s=min(main_delay / cpu_batches, 0.9 * compute) if workers else 0.0,
         handover_s=handover, batch=per, workers=workers, fetch_s=fetch,
         fetch_cpu_s=fetch_cpu, collate_s=collate, epoch_start_s=extra,
         first_start_s=first_extra, pause_s=paused, pause_each_s=each, cores=cores,
@@ -556,7 +613,7 @@ class Model:
         """The rate after ``change`` (and ``workers``), or None without a model."""
         if self.whole is None or self.unavailable is not None:
             return None
-        after = rate(change(self.whole), workers)
+        after = rate(with_freed_cores(self.whole, change(self.whole), workers), workers)
         # Calibrated on the run itself: the measured rate times what the change does to
         # the model's rate (the model's own error on the run as it was cancels).
         point = self.whole.steps_per_s * _ratio(after, rate(self.whole))
@@ -565,7 +622,7 @@ class Model:
         # NOTE [prediction intervals]
         spread = sorted(x / point for d in self.draws
                         if math.isfinite(x := d.steps_per_s * _ratio(
-                            rate(change(d), workers), rate(d))))
+                            rate(with_freed_cores(d, change(d), workers), workers), rate(d))))
         tail = (1 - CONFIDENCE) / 2
         down = max(0.0, 1 - resample.quantile(spread, tail)) if spread else 0.0
         up = max(0.0, resample.quantile(spread, 1 - tail) - 1) if spread else 0.0

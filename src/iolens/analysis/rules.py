@@ -99,6 +99,10 @@ share is 10 points above the other ranks' median ..."""
 STRAGGLER_RATIO = 2.0
 """... and twice it, is the straggler (the others' own wait is their noise floor)."""
 STRAGGLER_MIN_BATCHES = 20
+
+HANG_LOOKBACK = 60
+"""A hang's processes are described from up to this many of its last intervals, each
+as most of them saw it."""
 """Ranks with fewer timed batches than this are not compared."""
 
 # -- the input pipeline from inside (the workers' own stage timing) ---------------------

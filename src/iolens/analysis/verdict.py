@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import shlex
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -1706,17 +1707,24 @@ def _hang(records: Sequence[dict[str, Any]]) -> Finding | None:
     since = _num(last, "waiting_s")
     if since <= 0:
         return None
-    # Where they waited: the last interval that saw the processes (the very last may come
-    # after the job has gone).
-    seen: Any = next((w for r in reversed(records[-5:]) if (w := _train(r).get("waiting"))),
-                     [])
-    where = []
-    for p in seen if isinstance(seen, list) else []:
-        if isinstance(p, dict):
+    # Where they waited: each process as most intervals of the hang saw it (a tie goes to
+    # the earlier). The last intervals may come as the job is stopped (a worker running
+    # its signal handler, a main process gone), so no single one speaks for the hang.
+    hung: list[dict[str, Any]] = []
+    for r in reversed(records[-rules.HANG_LOOKBACK:]):
+        if _num(_train(r), "waiting_s") <= 0:
+            break
+        hung.insert(0, _train(r))
+    seen: dict[tuple[bool, int, str], Counter[str]] = {}
+    for t in hung:
+        for p in t.get("waiting") or []:
+            if not isinstance(p, dict):
+                continue
             at = ", ".join(x for x in (f"in {p['syscall']}" if p.get("syscall") else "",
                                        f"at {p['wchan']}" if p.get("wchan") else "") if x)
-            where.append(f"{p.get('role')} {p.get('pid')} ({p.get('state')}"
-                         + (f", {at}" if at else "") + ")")
+            who = (p.get("role") != "main", int(p.get("pid") or 0), str(p.get("role")))
+            seen.setdefault(who, Counter())[f"{p.get('state')}" + (f", {at}" if at else "")] += 1
+    where = [f"{who[2]} {who[1]} ({seen[who].most_common(1)[0][0]})" for who in sorted(seen)]
     return Finding("hang", [
         f"no batch came in the last {since:.0f} s recorded: the loop was waiting in next() "
         "for one"

@@ -75,6 +75,7 @@ class _ProcState:
     role: str
     ppid: int = 0
     children_ticks: int = 0
+    run_delay_ns: int | None = None
 
 
 @dataclass
@@ -85,12 +86,15 @@ class RoleTotals:
     io: ProcIO = field(default_factory=ProcIO)
     cpu_ticks: int = 0
     io_readable: bool = True
+    run_delay_ns: int = 0
+    """Run-queue wait of the role's processes (their main threads) over the interval."""
 
     def record(self, seconds: float) -> dict[str, Any]:
         io = self.io
         out: dict[str, Any] = {
             "pids": self.pids,
             "cpu_pct": round(self.cpu_ticks / CLK_TCK / seconds * 100, 2) if seconds else 0.0,
+            "run_delay_pct": round(self.run_delay_ns / 1e7 / seconds, 2) if seconds else 0.0,
             "read_bytes_s": round(io.read_bytes / seconds, 1) if seconds else 0.0,
             "write_bytes_s": round(io.write_bytes / seconds, 1) if seconds else 0.0,
             "rchar_s": round(io.rchar / seconds, 1) if seconds else 0.0,
@@ -344,6 +348,7 @@ class Recorder:
             if prev is None:
                 t.io = t.io + io
                 t.cpu_ticks += ticks
+                t.run_delay_ns += smp.run_delay_ns or 0
             else:
                 # Counters never go back for one process; a pid taken by a new process
                 # between two samples starts again from zero: clamped, never negative.
@@ -359,7 +364,10 @@ class Recorder:
                         totals[gone.role].cpu_ticks += late
                 t.io = t.io + delta
                 t.cpu_ticks += max(0, ticks - prev.cpu_ticks)
-            seen[pid] = _ProcState(io, ticks, role, st.ppid, st.children_ticks)
+                if smp.run_delay_ns is not None and prev.run_delay_ns is not None:
+                    t.run_delay_ns += max(0, smp.run_delay_ns - prev.run_delay_ns)
+            seen[pid] = _ProcState(io, ticks, role, st.ppid, st.children_ticks,
+                                   smp.run_delay_ns)
             states[st.state] = states.get(st.state, 0) + 1
         self._procs = seen
         if self.totals is not None:
@@ -369,6 +377,7 @@ class Recorder:
             job.pids += t.pids
             job.io = job.io + t.io
             job.cpu_ticks += t.cpu_ticks
+            job.run_delay_ns += t.run_delay_ns
             job.io_readable &= t.io_readable
         rec = job.record(seconds)
         rec["states"] = states

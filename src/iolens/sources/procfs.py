@@ -266,6 +266,15 @@ def read_wait(pid: int, proc_root: str = "/proc") -> dict[str, str]:
     return parse_wait(texts[0], texts[1], os.uname().machine)
 
 
+def parse_run_delay(text: str) -> int | None:
+    """The run-queue wait in /proc/<pid>/schedstat's text ("cpu_ns run_delay_ns slices"),
+    in nanoseconds; None where the text holds no such figure (pure)."""
+    parts = text.split()
+    if len(parts) < 2 or not parts[1].isascii() or not parts[1].isdigit():
+        return None
+    return int(parts[1])
+
+
 @dataclass(slots=True)
 class ProcSample:
     """One process at one moment."""
@@ -273,6 +282,9 @@ class ProcSample:
     stat: ProcStat
     io: ProcIO | None
     """None when /proc/<pid>/io is not readable (another user's process without root)."""
+    run_delay_ns: int | None = None
+    """Nanoseconds its main thread has waited on a run queue, runnable but not running
+    (/proc/<pid>/schedstat); None where the kernel does not keep it."""
 
 
 class ProcessTable:
@@ -304,6 +316,14 @@ class ProcessTable:
         try:
             return parse_proc_io(read_text(os.path.join(self.proc_root, str(pid), "io")))
         except StatsUnavailableError:
+            return None
+
+    def read_run_delay(self, pid: int) -> int | None:
+        """:func:`parse_run_delay` of /proc/<pid>/schedstat, or None if gone or not kept."""
+        try:
+            with open(os.path.join(self.proc_root, str(pid), "schedstat")) as fh:
+                return parse_run_delay(fh.read(256))
+        except OSError:
             return None
 
     def descendants(self, root: int, prune: Collection[int] = ()) -> list[ProcStat]:
@@ -354,8 +374,9 @@ class ProcessTable:
         return out
 
     def sample(self, root: int, prune: Collection[int] = ()) -> dict[int, ProcSample]:
-        """Stat and io of the whole tree under ``root`` (less ``prune``'s subtrees), by pid."""
-        return {st.pid: ProcSample(st, self.read_io(st.pid))
+        """Stat, io and run-queue wait of the whole tree under ``root`` (less ``prune``'s
+        subtrees), by pid."""
+        return {st.pid: ProcSample(st, self.read_io(st.pid), self.read_run_delay(st.pid))
                 for st in self.descendants(root, prune)}
 
     def thread_children(self, pid: int) -> list[int]:
