@@ -60,7 +60,7 @@ garbage. Floats too: orjson reads an int beyond 64 bits as a float."""
 _FIGURES = ("devices", "cpu", "mem")
 """Sections whose every value is a figure (per device: a map of figures)."""
 _JOB_FIGURES = frozenset({"pids", "cpu_pct", "read_bytes_s", "write_bytes_s", "rchar_s",
-                          "wchar_s", "cache_hit"})
+                          "wchar_s", "cache_hit", "run_delay_pct"})
 _TRAIN_FIGURES = frozenset({"batches", "epochs_started", "data_wait_share", "num_workers",
                             "world_size"})
 _TRAIN_MAPS = ("data_wait", "step", "epoch_start_wait", "epoch_start_step", "pause_wait",
@@ -340,7 +340,7 @@ class Bucket:
     time: Any = None
     dev: dict[str, list[float]] = field(default_factory=dict)
     dev_ext: dict[str, _Ext] = field(default_factory=dict)
-    job: list[float] = field(default_factory=lambda: [0.0] * 7)
+    job: list[float] = field(default_factory=lambda: [0.0] * 8)
     roles: dict[str, list[float]] = field(default_factory=dict)
     role_ext: dict[str, _Ext] = field(default_factory=dict)
     states: dict[str, int] = field(default_factory=dict)
@@ -447,6 +447,7 @@ class Bucket:
             pids = g("pids") or 0
             if pids > j[6]:
                 j[6] = pids
+            j[7] += (g("run_delay_pct") or 0.0) * s
             states = g("states")
             if states:
                 mine = self.states
@@ -457,7 +458,7 @@ class Bucket:
                 for role, d in roles.items():
                     a = self.roles.get(role)
                     if a is None:
-                        a = self.roles[role] = [0.0] * 7
+                        a = self.roles[role] = [0.0] * 8
                         self.role_ext[role] = _Ext(len(_ROLE_EXT))
                     g = d.get
                     cpu = g("cpu_pct") or 0.0
@@ -471,6 +472,7 @@ class Bucket:
                     pids = g("pids") or 0
                     if pids > a[6]:
                         a[6] = pids
+                    a[7] += (g("run_delay_pct") or 0.0) * s
                     ext = self.role_ext[role]
                     if cpu < ext.lo[0]:
                         ext.lo[0] = cpu
@@ -591,14 +593,14 @@ class Bucket:
             else:
                 self.dev[name], self.dev_ext[name] = a, o.dev_ext[name]
         self.job = [x + y for x, y in zip(self.job[:6], o.job[:6], strict=True)] + [
-            max(self.job[6], o.job[6])]
+            max(self.job[6], o.job[6]), self.job[7] + o.job[7]]
         for k, v in o.states.items():
             self.states[k] = self.states.get(k, 0) + v
         for role, a in o.roles.items():
             if role in self.roles:
                 mine = self.roles[role]
                 self.roles[role] = [x + y for x, y in zip(mine[:6], a[:6], strict=True)] + [
-                    max(mine[6], a[6])]
+                    max(mine[6], a[6]), mine[7] + a[7]]
                 self.role_ext[role].merge(o.role_ext[role])
             else:
                 self.roles[role], self.role_ext[role] = a, o.role_ext[role]
@@ -658,6 +660,7 @@ class Bucket:
             job: dict[str, Any] = {k: round(self.job[i] / secs, 2)
                                    for i, k in enumerate(_ROLE_MEAN, 1)}
             job["pids"] = int(self.job[6])
+            job["run_delay_pct"] = round(self.job[7] / secs, 2)
             job["cache_hit"] = _hit(job)
             job["states"] = dict(self.states)
             roles: dict[str, Any] = {}
@@ -666,6 +669,7 @@ class Bucket:
                 rd: dict[str, Any] = {k: round(a[i] / rs, 2)
                                       for i, k in enumerate(_ROLE_MEAN, 1)}
                 rd["pids"] = int(a[6])
+                rd["run_delay_pct"] = round(a[7] / rs, 2)
                 rd["cache_hit"] = _hit(rd)
                 self.role_ext[role].put(rd, _ROLE_EXT)
                 roles[role] = rd
