@@ -62,6 +62,10 @@ def changes(before: Verdict, after: Verdict, before_records: Sequence[dict[str, 
         later_a = fa.epoch_start_s - fa.first_start_s
         if later_b > 0 and later_a <= (1 - CHANGED) * later_b:
             out["persistent_workers"] = True
+    # (from no workers there were no worker starts to shrink: the settings say it)
+    if after.already("persistent_workers", True) and not before.already(
+            "persistent_workers", True):
+        out["persistent_workers"] = True
     pb, pa = pipeline(before_records), pipeline(after_records)
     files_b = pb.files_per_sample if pb is not None else None
     files_a = pa.files_per_sample if pa is not None else None
@@ -103,6 +107,10 @@ def _remodelled(before: Verdict, found: dict[str, Any]) -> tuple[Any, str]:
         basis.append(f"{n} workers")
         was = model.whole.workers if model.whole is not None else "?"
         made.append(f"num_workers {was} to {n}")
+        if was == 0 and not found.get("persistent_workers") and (
+                model.whole is not None and model.whole.epochs_per_step > 0):
+            basis.append("workers started anew each epoch: a run without workers does not "
+                         "measure their start, which is not in this figure")
 
     def change(f: pm.Figures) -> pm.Figures:
         for step in steps:

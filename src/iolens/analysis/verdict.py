@@ -918,9 +918,17 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
 
 def _raise_workers(v: Verdict, workers: int, target: int, because: str,
                    ceiling: str) -> Recommendation:
-    """More workers, as many as reach the next limit (the model's number, not a doubling)."""
-    return v.fix(f"raise num_workers from {workers} to {target}", because, ceiling,
-                 {"num_workers": target}, pm.more_workers(target),
+    """More workers, as many as reach the next limit (the model's number, not a doubling);
+    from none, in a run that began several epochs, persistent ones (NOTE [an epoch's first
+    batch from workers] in iolens/analysis/model.py): workers started anew each epoch cost
+    that epoch their start, which the model does not know from a run without them."""
+    action, change = f"raise num_workers from {workers} to {target}", {"num_workers": target}
+    epochs = (sum(_num(_train(r), "epochs_started") for r in v.model.records)
+              if v.model is not None else 0)
+    if not workers and epochs >= 2:
+        action += " and set persistent_workers=True"
+        change["persistent_workers"] = True
+    return v.fix(action, because, ceiling, change, pm.more_workers(target),
                  basis=[f"{target} workers, each making a batch in the time one takes now"])
 
 
