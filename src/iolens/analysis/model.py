@@ -125,6 +125,9 @@ class Figures:
     cores were busy with the workers (NOTE [a loop that waits for a core])."""
     epochs_per_step: float = 0.0
     """Epochs begun per step: how often the pipeline starts empty."""
+    fetch_queue_s: float = 0.0
+    """Per sample: the part of ``fetch_s`` the workers waited for a core (NOTE [a fetch
+    that waits for a core] in iolens/analysis/pipeline.py)."""
     fill: bool = False
     """Workers the run did not have: each epoch's first batch waits for one worker to make
     it whole (NOTE [an epoch's first batch from workers])."""
@@ -234,6 +237,14 @@ def more_workers(n: int) -> Change:
     loop's time and its CPU), the workers' CPU beyond the fetch (NOTE [workers share the
     cores]) and each epoch's first batch (NOTE [an epoch's first batch from workers])."""
     def apply(f: Figures) -> Figures:
+        if f.workers and 0 < n < f.workers and f.fetch_queue_s > 0 and f.cores:
+            # fewer workers queue less for the cores: by how far the busy processes (the
+            # workers and the loop) outnumber them
+            g0 = max(0.0, (f.workers + 1) / f.cores - 1)
+            k = min(1.0, max(0.0, (n + 1) / f.cores - 1) / g0) if g0 > 0 else 1.0
+            saved = f.fetch_queue_s * (1 - k)
+            return dataclasses.replace(f, workers=n, fetch_s=f.fetch_s - saved,
+                                       fetch_queue_s=f.fetch_queue_s - saved)
         if f.workers or n == 0:
             return dataclasses.replace(f, workers=n)
         hand = max(f.handover_s, HANDOVER_PRIOR_S)
@@ -483,6 +494,7 @@ def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
         compute_s=compute,
         compute_delay_s=min(main_delay / cpu_batches, 0.9 * compute) if workers else 0.0,
         epochs_per_step=epochs / batches,
+        fetch_queue_s=0.0 if in_process else pipe.fetch_queue_s / pipe.samples,
         handover_s=handover, batch=per, workers=workers, fetch_s=fetch,
         fetch_cpu_s=fetch_cpu, collate_s=collate, epoch_start_s=extra,
         first_start_s=first_extra, pause_s=paused, pause_each_s=each, cores=cores,

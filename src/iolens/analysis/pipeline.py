@@ -62,6 +62,9 @@ class Pipeline:
     """The dataset is read through a memory map (found in /proc/PID/maps)."""
     on_disk: bool = True
     """The dataset is on a block device: its reads count in read_bytes."""
+    queue_s: float = 0.0
+    """Seconds the workers waited on a run queue for a core in the span (their run
+    delay): NOTE [a fetch that waits for a core]."""
 
     @property
     def fetch_s_per_sample(self) -> float | None:
@@ -72,9 +75,24 @@ class Pipeline:
         return min(1.0, self.fetch_cpu_s / self.fetch_s) if self.fetch_s > 0 else None
 
     @property
+    def fetch_queue_s(self) -> float:
+        """NOTE [a fetch that waits for a core]: a fetch off the CPU is either blocked (the
+        storage, the network, a lock, a sleep) or runnable and waiting for a core that the
+        other workers and the loop keep busy. The workers' run delay (/proc/PID/schedstat)
+        is the second; it accrues only while they have work, the fetch most of it, so it
+        is counted against the fetch's time off CPU, up to all of it. Workers on more
+        cores than are free read as CPU-bound, not as waiting on something else."""
+        return min(self.queue_s, max(0.0, self.fetch_s - self.fetch_cpu_s))
+
+    @property
+    def fetch_queue_share(self) -> float | None:
+        return min(1.0, self.fetch_queue_s / self.fetch_s) if self.fetch_s > 0 else None
+
+    @property
     def fetch_blocked_share(self) -> float | None:
         share = self.fetch_cpu_share
-        return None if share is None else 1.0 - share
+        queued = self.fetch_queue_share or 0.0
+        return None if share is None else max(0.0, 1.0 - share - queued)
 
     @property
     def worker_idle_share(self) -> float | None:
@@ -129,7 +147,8 @@ class Pipeline:
         """The fetch's time off CPU as a share of the workers' busy time (fetch and
         collate, the collate counted as CPU)."""
         busy = self.fetch_s + self.collate_s
-        return max(0.0, self.fetch_s - self.fetch_cpu_s) / busy if busy > 0 else None
+        off = max(0.0, self.fetch_s - self.fetch_cpu_s - self.fetch_queue_s)
+        return off / busy if busy > 0 else None
 
     @property
     def files_per_sample(self) -> float | None:
@@ -144,6 +163,7 @@ class Pipeline:
             "fetch_s_per_sample": r(self.fetch_s_per_sample, 7),
             "fetch_cpu_share": r(self.fetch_cpu_share, 4),
             "fetch_blocked_share": r(self.fetch_blocked_share, 4),
+            "fetch_queue_share": r(self.fetch_queue_share, 4),
             "collate_s_per_batch": r(self.collate_s_per_batch, 7),
             "handover_s_per_batch": r(self.handover_s_per_batch, 7),
             "worker_idle_share": r(self.worker_idle_share, 4),
@@ -172,7 +192,7 @@ def pipeline(records: Iterable[dict[str, Any]],
     on_disk = dataset_on_disk(meta)
     recs = records if isinstance(records, Sequence) else list(records)
     batches = samples = files = handovers = processes = 0
-    fetch = cpu = collate = idle = handover = read = disk = net = 0.0
+    fetch = cpu = collate = idle = handover = read = disk = net = queue = 0.0
     in_process = False
     first = last = -1
     for i, rec in enumerate(recs):
@@ -210,8 +230,10 @@ def pipeline(records: Iterable[dict[str, Any]],
         read += (max(0.0, got - amount(role, "wchar_s")) if cache else got) * _secs(rec)
         disk += amount(role, "read_bytes_s") * _secs(rec)
         net += network_bytes(rec)
+        if not in_process:  # (the loop's own wait is its compute's too)
+            queue += amount(role, "run_delay_pct") / 100 * _secs(rec)
     return Pipeline(batches, samples, fetch, cpu, collate, idle, files, handovers, handover,
-                    read, disk, in_process, processes, net, mapped, on_disk)
+                    read, disk, in_process, processes, net, mapped, on_disk, queue)
 
 
 def _role(rec: dict[str, Any], name: str) -> dict[str, Any] | None:

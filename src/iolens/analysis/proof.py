@@ -57,10 +57,11 @@ def changes(before: Verdict, after: Verdict, before_records: Sequence[dict[str, 
         if fb.handover_s > 0 and fa.handover_s <= CHANGED * fb.handover_s and (
                 fa.workers == fb.workers):
             out["handover"] = round(fa.handover_s / fb.handover_s, 3)
-        # the epochs after the first (the run's own start is in every configuration)
+        # the epochs after the first (the run's own start is in every configuration), where
+        # the loaders' settings are not known (fewer workers shorten the starts too)
         later_b = fb.epoch_start_s - fb.first_start_s
         later_a = fa.epoch_start_s - fa.first_start_s
-        if later_b > 0 and later_a <= (1 - CHANGED) * later_b:
+        if later_b > 0 and later_a <= (1 - CHANGED) * later_b and not after.loaders:
             out["persistent_workers"] = True
     # (from no workers there were no worker starts to shrink: the settings say it)
     if after.already("persistent_workers", True) and not before.already(

@@ -51,6 +51,9 @@ augmentation: more workers or cheaper transforms help, faster disks do not."""
 MACHINE_IDLE_LOW = 10.0
 """Under 10% idle (iowait counted as idle: it is free CPU) the machine has no
 core left for more workers."""
+FETCH_QUEUED = 0.25
+"""Workers that wait for a core a quarter of their fetch or more, more of them than the job
+has cores, are told to be fewer."""
 WORKER_CPU_SOME = 50.0
 """On a machine with no idle core, workers using half a core or more are held
 back by the CPU they share; workers using less mostly wait on something else,

@@ -810,8 +810,11 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
                              else "the storage was not measured"))
         if pipe is not None:
             v.evidence.append(fetch_text(pipe))
+        fewer = _fewer_workers(v, pipe, workers)
+        if fewer is not None:
+            v.recommendations.append(fewer)
         target = v.model.workers_to_next_limit() if v.model is not None else None
-        if target is not None and target > workers:
+        if fewer is None and target is not None and target > workers:
             v.offer(_raise_workers(v, workers, target, f"{free:.1f} cores are idle while "
                                    "each worker is busy" if free >= 1 else
                                    "the workers' CPU use leaves room", ceiling))
@@ -930,6 +933,29 @@ def _raise_workers(v: Verdict, workers: int, target: int, because: str,
         change["persistent_workers"] = True
     return v.fix(action, because, ceiling, change, pm.more_workers(target),
                  basis=[f"{target} workers, each making a batch in the time one takes now"])
+
+
+def _fewer_workers(v: Verdict, pipe: Pipeline | None, workers: int) -> Recommendation | None:
+    """Fewer workers, as many as the job has cores, where more workers than that queue for
+    the cores (NOTE [a fetch that waits for a core] in iolens/analysis/pipeline.py): each
+    process beyond the cores costs CPU of its own (switches, caches, its epoch start) and
+    takes the loop's core from it. The model's CPU per sample is the run's, which fewer
+    workers change by an amount one run cannot tell: no prediction, a measurement."""
+    f = v.model.whole if v.model is not None else None
+    queued = pipe.fetch_queue_share if pipe is not None else None
+    if f is None or f.cores is None or queued is None or queued < rules.FETCH_QUEUED:
+        return None
+    n = max(1, round(f.cores))
+    if workers <= n:
+        return None
+    return Recommendation(
+        f"lower num_workers from {workers} to {n}",
+        f"{plural(workers, 'worker')} on the {f.cores:.1f} cores the job has queue for them: "
+        f"{queued * 100:.0f}% of each fetch waited for a core, and the loop "
+        f"{f.compute_delay_s * 1000:.1f} ms of its {f.compute_s * 1000:.1f} ms step; each "
+        "worker beyond the cores costs CPU of its own", "the CPU the extra workers cost",
+        None, "the CPU per sample with fewer workers is not in this run's figures: measure "
+        "it (iolens compare this run with the next)", {"num_workers": n})
 
 
 def _probe_for(meta: dict[str, Any], storage: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -1171,9 +1197,12 @@ def fetch_text(pipe: Pipeline) -> str:
     who = ("the training process (num_workers=0)" if pipe.in_process
            else "the DataLoader workers")
     per = (pipe.fetch_s_per_sample or 0.0) * 1000
+    queued = pipe.fetch_queue_share or 0.0
     out = (f"{who} took {per:.2f} ms to fetch a sample, "
-           f"{(pipe.fetch_cpu_share or 0.0) * 100:.0f}% of it on CPU and "
-           f"{(pipe.fetch_blocked_share or 0.0) * 100:.0f}% blocked off CPU")
+           f"{(pipe.fetch_cpu_share or 0.0) * 100:.0f}% of it on CPU, "
+           + (f"{queued * 100:.0f}% waiting for a core (the cores busy) " if queued >= 0.005
+              else "")
+           + f"and {(pipe.fetch_blocked_share or 0.0) * 100:.0f}% blocked off CPU")
     if pipe.samples:
         out += (f", reading {(pipe.bytes_per_sample or 0.0) / 1024:.1f} KiB in "
                 f"{pipe.files_per_sample or 0.0:.2f} files per sample")

@@ -755,6 +755,7 @@ def _pipeline_table(report: dict[str, Any]) -> str:
     per_sample = _num(p.get("bytes_per_sample"))
     rows = (("fetch per sample", f"{_ms_text(p.get('fetch_s_per_sample'))} ms"),
             ("on CPU", _pct_text(p.get("fetch_cpu_share"))),
+            ("waiting for a core (the cores busy)", _pct_text(p.get("fetch_queue_share"))),
             ("blocked off CPU (I/O, network, locks, sleeps)",
              _pct_text(p.get("fetch_blocked_share"))),
             ("collate per batch", f"{_ms_text(p.get('collate_s_per_batch'))} ms"),

@@ -186,6 +186,7 @@ def _pipeline(report: dict[str, Any]) -> RenderableType | None:
     t.add_column("value", justify="right")
     rows = (("fetch per sample", _ms(p.get("fetch_s_per_sample")) + " ms"),
             ("  on CPU", _pct(p.get("fetch_cpu_share"))),
+            ("  waiting for a core (the cores busy)", _pct(p.get("fetch_queue_share"))),
             ("  blocked off CPU (I/O, network, locks, sleeps)", _pct(p.get("fetch_blocked_share"))),
             ("collate per batch", _ms(p.get("collate_s_per_batch")) + " ms"),
             ("hand-over per batch (queue, unpickling, pin_memory)",
