@@ -25,6 +25,10 @@ HELD_TOLERANCE = 0.25
 CHANGED = 0.8
 """A stage cost that fell to 80% of BEFORE's or less was changed (the runs of one setting
 vary by a few percent)."""
+CHANGED_COLD = 0.6
+"""... and where the workers came to persist, 60% or less: workers started anew each epoch
+run their first samples cold (imports, caches), so the CPU a sample drops by itself when
+they persist (a spawn case: to 0.78 of it)."""
 PACKED = 0.25
 """Files per sample that fell to a quarter or less: the dataset was packed."""
 
@@ -45,28 +49,29 @@ def changes(before: Verdict, after: Verdict, before_records: Sequence[dict[str, 
     mb, ma = before.model, after.model
     fb = mb.whole if mb is not None else None
     fa = ma.whole if ma is not None else None
+    # (from no workers there were no worker starts to shrink: the settings say it)
+    if after.already("persistent_workers", True) and not before.already(
+            "persistent_workers", True):
+        out["persistent_workers"] = True
     if fb is not None and fa is not None:
         if fa.workers != fb.workers:
             out["num_workers"] = fa.workers
-        # (with another worker count the CPU a sample takes moves by itself: in the loop's
-        # process against in workers, or more processes on the same cores; 0 -> 5 workers
-        # read as a 0.47x cheaper fetch in a lab run)
-        if fb.fetch_cpu_s > 0 and fa.fetch_cpu_s <= CHANGED * fb.fetch_cpu_s and (
-                fa.workers == fb.workers):
-            out["fetch_cpu"] = round(fa.fetch_cpu_s / fb.fetch_cpu_s, 3)
-        if fb.handover_s > 0 and fa.handover_s <= CHANGED * fb.handover_s and (
-                fa.workers == fb.workers):
-            out["handover"] = round(fa.handover_s / fb.handover_s, 3)
         # the epochs after the first (the run's own start is in every configuration), where
         # the loaders' settings are not known (fewer workers shorten the starts too)
         later_b = fb.epoch_start_s - fb.first_start_s
         later_a = fa.epoch_start_s - fa.first_start_s
         if later_b > 0 and later_a <= (1 - CHANGED) * later_b and not after.loaders:
             out["persistent_workers"] = True
-    # (from no workers there were no worker starts to shrink: the settings say it)
-    if after.already("persistent_workers", True) and not before.already(
-            "persistent_workers", True):
-        out["persistent_workers"] = True
+        cut = CHANGED_COLD if out.get("persistent_workers") else CHANGED
+        # (with another worker count the CPU a sample takes moves by itself: in the loop's
+        # process against in workers, or more processes on the same cores; 0 -> 5 workers
+        # read as a 0.47x cheaper fetch in a lab run)
+        if fb.fetch_cpu_s > 0 and fa.fetch_cpu_s <= cut * fb.fetch_cpu_s and (
+                fa.workers == fb.workers):
+            out["fetch_cpu"] = round(fa.fetch_cpu_s / fb.fetch_cpu_s, 3)
+        if fb.handover_s > 0 and fa.handover_s <= CHANGED * fb.handover_s and (
+                fa.workers == fb.workers):
+            out["handover"] = round(fa.handover_s / fb.handover_s, 3)
     pb, pa = pipeline(before_records), pipeline(after_records)
     files_b = pb.files_per_sample if pb is not None else None
     files_a = pa.files_per_sample if pa is not None else None
