@@ -53,8 +53,8 @@ MAX_BLOCKS = 40
 MODEL_ERROR = 0.15
 """The model's own error on the lab cases: about the largest of bench/RESULTS.md's prediction
 table (each case's fix followed, three runs after it), which the interval holds beside the
-run's own variation. The table of 2026-12-03 15:00: 14.5% at most (the requests-capped
-cache), 3.8% the median, over 24 runs of 8 cases."""
+run's own variation. The table of 2026-12-03 17:21: 13.7% at most (the requests-capped
+cache), 4.8% the median, over 27 runs of 9 cases, all inside their intervals."""
 MIN_STEADY_BATCHES = 20
 """Fewer steady batches (not opening an epoch, holding no pause) than this: no prediction."""
 TARGET_MARGIN = 1.15
