@@ -79,6 +79,11 @@ def test_the_recorder_reads_loader_settings_and_urls(tmp_path: Path) -> None:
     assert list(reader.loaders.values()) == [{"pid": 7, "tag": 1, "num_workers": 2}]
     assert reader.paths == [(7, "/data/train", 10)]
     assert reader.urls == ["http://127.0.0.1:9/a.tar"]
+    # the first batch's types come after the settings were read: they are read too
+    (tmp_path / "loader-7-1.json").write_text(json.dumps(
+        {"pid": 7, "tag": 1, "num_workers": 2, "batch_types": "list"}))
+    reader.poll(TrainingAggregator())
+    assert reader.loaders["loader-7-1.json"]["batch_types"] == "list"
 
 
 # -- bytes per sample ----------------------------------------------------------------------

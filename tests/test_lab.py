@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +83,18 @@ for x, y in DataLoader(Cached(), batch_size=64, num_workers=1):
 """
 
 
-def run_case(tmp_path: Path, code: str, *args: str) -> tuple[dict[str, Any], str]:
+def run_case(tmp_path: Path, code: str, *args: str, sets: Sequence[str] = ()
+             ) -> tuple[dict[str, Any], str]:
+    """``code`` run as ``tmp_path/train.py`` with ``args`` under `iolens run` (with a
+    ``--set`` for each of ``sets``, as a verdict's "with no code change" line gives them):
+    its report and iolens' stderr."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(code))
     run = tmp_path / "run"
+    extra = [x for s in sets for x in ("--set", s)]
     out = subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.5", "--out",
-                          str(run), "--no-live", "--", sys.executable, str(script), *args],
+                          str(run), "--no-live", *extra, "--", sys.executable, str(script),
+                          *args],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr
     rep = subprocess.run([sys.executable, "-m", "iolens", "report", str(run), "--format", "json"],

@@ -182,18 +182,8 @@ def test_short_epochs_from_no_workers_get_persistent_workers_and_the_first_batch
     for i in range(2):
         d = tmp_path / f"after{i}"
         d.mkdir()
-        (d / "train.py").write_text(TRAIN)
-        extra = [x for s in sets for x in ("--set", s)]
-        out = subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.5",
-                              "--out", str(d / "run"), "--no-live", *extra, "--",
-                              sys.executable, str(d / "train.py"), "remote-short", SECONDS,
-                              "0", "0.005"], cwd=d, capture_output=True, text=True,
-                             timeout=300, check=False)
-        assert out.returncode == 0, out.stderr
-        rep = subprocess.run([sys.executable, "-m", "iolens", "report", str(d / "run"),
-                              "--format", "json"], capture_output=True, text=True,
-                             timeout=120, check=True)
-        after.append(measured(json.loads(rep.stdout)))
+        report, _ = run_case(d, TRAIN, "remote-short", SECONDS, "0", "0.005", sets=sets)
+        after.append(measured(report))
     proved(tmp_path, rec, after[0])
     held(rec, after)
 

@@ -215,17 +215,8 @@ def test_more_workers_than_cores_are_told_to_be_fewer_and_are_not_slower(
     for i in range(2):
         d = tmp_path / f"after{i}"
         d.mkdir()
-        (d / "train.py").write_text(TRAIN)
-        out = subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.5",
-                              "--out", str(d / "run"), "--no-live", "--set", sets[0], "--",
-                              sys.executable, str(d / "train.py"), str(images), SECONDS, "6",
-                              "full"], cwd=d, capture_output=True, text=True, timeout=300,
-                             check=False)
-        assert out.returncode == 0, out.stderr
-        rep = subprocess.run([sys.executable, "-m", "iolens", "report", str(d / "run"),
-                              "--format", "json"], capture_output=True, text=True,
-                             timeout=120, check=True)
-        after.append(measured(json.loads(rep.stdout)))
+        report, _ = run_case(d, TRAIN, str(images), SECONDS, "6", "full", sets=sets)
+        after.append(measured(report))
     proof = _compare(tmp_path / "run", tmp_path / "after0" / "run")["prediction"]
     assert proof["change"] == {"num_workers": n}, proof
     assert sum(after) / len(after) >= measured(before), (measured(before), after)

@@ -394,7 +394,10 @@ class TimingReader:
                     paths.append((pid, os.path.join(directory, name)))
                 elif name.endswith(".paths") and timing_pid(name[:-6] + ".bin") is not None:
                     self._read_paths(int(name[:-6]), os.path.join(directory, name))
-                elif name.startswith("loader-") and name not in self.loaders:
+                elif name.startswith("loader-") and "batch_types" not in self.loaders.get(
+                        name, {}):
+                    # (read again until it holds the first batch's types, which the job
+                    # adds to the file after its settings)
                     self._read_loader(name, os.path.join(directory, name))
         count = 0
         # Workers' records after the training processes': their loader is then known.
