@@ -168,3 +168,22 @@ def test_a_bucket_keeps_the_storage_figures() -> None:
     assert st["127.0.0.1:80"]["rx_bytes_s"] == pytest.approx(rx / secs)
     assert st["127.0.0.1:80"]["server_read_bytes_s"] == pytest.approx(2e6)
     assert st["/mnt/s3"] == {"waiting": pytest.approx(4.0)}
+
+
+def test_a_long_run_that_ends_hung_keeps_its_hang_in_buckets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last bucket carries the last interval's wait for a batch and where each process
+    waited: a week-long run that hung at its end is read as one."""
+    records = slow_run(2000)
+    waiting = [{"pid": 11, "role": "worker", "state": "S", "wchan": "wait_for_partner"}]
+    for i, r in enumerate(records[-300:]):
+        r["train"]["batches"] = 0
+        r["train"]["waiting_s"], r["train"]["waiting"] = 31.0 + i, waiting
+    run = write(tmp_path / "run", records)
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 100)
+    long = load_run(str(run), max_records=500)
+    assert long.bucket_s == 20.0 and long.records[-1]["train"]["waiting_s"] == 330.0
+    for recs in (load_run(str(run), max_records=None).records, long.records):
+        (hang,) = [f for f in diagnose(recs, long.meta).findings if f.cls == "hang"]
+        assert hang.evidence[0].startswith("no batch came in the last 330 s recorded")
+        assert "worker 11 (S, at wait_for_partner)" in hang.evidence[0]

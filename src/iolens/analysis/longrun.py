@@ -368,6 +368,10 @@ class Bucket:
     store: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per storage entry (a FUSE mount, a network peer): its figures times seconds, and
     ``_s``: the seconds they cover."""
+    waiting: tuple[float, Any] | None = None
+    """The latest interval's ``train.waiting_s`` and ``train.waiting`` (NOTE [no batch for
+    a while] in iolens/recorder/sampler.py), where it had them: a hang at a long run's end
+    is read from its last bucket."""
 
     def add(self, r: dict[str, Any]) -> None:
         """Fold one interval record in.
@@ -385,6 +389,9 @@ class Bucket:
             self.start = end - s
         if end >= self.end:
             self.end, self.t, self.time = end, r.get("t"), r.get("time")
+            tw = r.get("train") or {}
+            waited = tw.get("waiting_s")
+            self.waiting = (waited, tw.get("waiting")) if waited else None
         seq = r.get("seq")
         if isinstance(seq, int) and (self.seq is None or seq < self.seq):
             self.seq = seq
@@ -580,6 +587,7 @@ class Bucket:
         self.start = min(self.start, o.start)
         if o.end >= self.end:
             self.end, self.t, self.time = o.end, o.t, o.time
+            self.waiting = o.waiting
             if o.mem:
                 self.mem = o.mem
         elif not self.mem:
@@ -712,6 +720,10 @@ class Bucket:
                 "handover": {"count": int(q[7]), "sum_s": q[8]}}
         if self.iterable:
             train["iterable_loader"] = True
+        if self.waiting is not None:
+            train["waiting_s"] = self.waiting[0]
+            if self.waiting[1]:
+                train["waiting"] = self.waiting[1]
         if self.ranks:
             train["ranks"] = {rank: {"pid": int(a[3]), "batches": int(a[0]),
                                      "data_wait_s": a[1], "step_s": a[2]}
