@@ -472,3 +472,29 @@ def test_a_loop_that_waited_for_a_core_gets_it_back_where_the_workers_free_them(
     more, more_bare = m.predict(pm.more_workers(4)), bare.predict(pm.more_workers(4))
     assert more is not None and more_bare is not None
     assert more.steps_per_s == pytest.approx(more_bare.steps_per_s)
+
+
+def test_workers_added_to_a_run_without_any_pay_each_epochs_first_batch() -> None:
+    """NOTE [an epoch's first batch from workers]: from no workers, each epoch's first batch
+    waits for one worker to make it whole (16 samples of 5 ms and the collate), less a
+    steady step's time; a run that had workers measured its own epoch starts."""
+    f = dataclasses.replace(BASE, workers=0, fetch_s=0.005, epochs_per_step=1 / 12)
+    after = pm.more_workers(5)(f)
+    assert after.fill and not pm.more_workers(5)(dataclasses.replace(f, workers=1)).fill
+    bare = rate(dataclasses.replace(after, fill=False))
+    made = 16 * 0.005 + 0.001
+    extra = (made + after.compute_s + after.handover_s - 1 / bare.limits[bare.limit]) / 12
+    assert rate(after).steps_per_s == pytest.approx(1 / (1 / bare.steps_per_s + extra))
+    assert rate(dataclasses.replace(after, epochs_per_step=0.0)).steps_per_s == pytest.approx(
+        bare.steps_per_s)
+
+
+def test_fewer_workers_queue_less_for_the_cores() -> None:
+    """Six workers on 2 cores, 3 ms of each 6 ms fetch waiting for a core: two of them (and
+    the loop) outnumber the cores by 0.5 where the six did by 2.5, so a fifth of the wait
+    stays; more workers keep it all."""
+    f = dataclasses.replace(BASE, workers=6, fetch_s=0.006, fetch_queue_s=0.003)
+    two = pm.more_workers(2)(f)
+    assert two.fetch_queue_s == pytest.approx(0.003 * 0.2)
+    assert two.fetch_s == pytest.approx(0.006 - 0.003 * 0.8)
+    assert pm.more_workers(8)(f).fetch_s == pytest.approx(0.006)
