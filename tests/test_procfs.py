@@ -165,6 +165,50 @@ def test_a_reaped_childs_io_is_counted_once(tmp_path: Path) -> None:
     assert cpu_s >= 0.45  # the child's CPU, including what it used after the last look
 
 
+FORKS = """
+import os, sys, time
+sys.stdin.readline()
+if os.fork() == 0:
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # CPU before the recorder first sees this process
+        pass
+    print("busy", flush=True)
+    time.sleep(30)
+print("forked", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_fork_is_counted_from_its_start_once_it_has_a_name() -> None:
+    """NOTE [a fork not yet named]: a copy of the training process under its name is left
+    out of the sample that first sees it (a DataLoader worker, unnamed for a moment,
+    was counted as another process of the job), and counted, from its start, by the next."""
+    from iolens.recorder.sampler import Recorder
+
+    proc = subprocess.Popen([sys.executable, "-c", FORKS], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        rec = Recorder(None, proc.pid, 0.1, {}, discover=False)
+        assert set(rec.sample()["job"]["roles"]) == {"main"}
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert {proc.stdout.readline().strip(), proc.stdout.readline().strip()} == {
+            "forked", "busy"}
+        first = rec.sample()["job"]
+        assert set(first["roles"]) == {"main"} and first["pids"] == 1, first
+        time.sleep(0.1)
+        second = rec.sample()
+        other = second["job"]["roles"]["other"]
+        assert other["pids"] == 1 and second["job"]["pids"] == 2, second["job"]
+        # Its 0.3 s of CPU, all spent before the first sample that saw it.
+        assert other["cpu_pct"] / 100 * second["interval_s"] >= 0.28, other
+        rec.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_descendants_follow_new_and_ended_processes() -> None:
     # The parent of each process is kept between calls (NOTE [parent cache]);
     # children that appear or end between two calls must still be seen.

@@ -220,6 +220,9 @@ class Recorder:
         self._disk_prev: DiskSnapshot | None = None
         self._cpu_prev: CpuTimes | None = self.system.cpu()
         self._procs: dict[int, _ProcState] = {}
+        self._unnamed: set[int] = set()
+        """Forks of the training process held back for one sample (NOTE [a fork not yet
+        named])."""
         self._dev_cache: dict[int, str | None] = {}
         self._disk_error: str | None = None
         try:
@@ -325,10 +328,17 @@ class Recorder:
         states: dict[str, int] = {}
         seen: dict[int, _ProcState] = {}
         reaped = _reaped_children(self._procs, samples)
+        unnamed = self._unnamed
+        unnamed.intersection_update(samples)
         for pid, smp in samples.items():
             if pid in self.exclude_pids:
                 continue
             st = smp.stat
+            if (pid not in self._procs and pid not in unnamed and pid not in workers
+                    and st.comm != "pt_data_worker" and pid not in mains
+                    and self._a_fresh_fork(st, samples, mains)):
+                unnamed.add(pid)
+                continue
             if pid in workers or st.comm == "pt_data_worker":
                 role = "worker"
             elif pid in mains or (pid == self.root_pid and not mains):
@@ -404,6 +414,21 @@ class Recorder:
         elif net.peers:  # every sample: the bytes of short connections
             net.scan(self._fetch_side(samples, workers) or list(samples))
         return rec
+
+    def _a_fresh_fork(self, st: Any, samples: dict[int, Any], mains: set[int]) -> bool:
+        """NOTE [a fork not yet named]: a DataLoader worker is told by the pid the
+        job's timing reports and by the name PyTorch gives it (``pt_data_worker``),
+        both set a moment after the fork. Until then it is a copy of the training
+        process, under its name. A sample that falls in that moment (the start of
+        each epoch's workers, more often on a loaded machine) would count a worker
+        as some other process of the job. A child of the training process that bears
+        its parent's name is left out of the sample that first sees it: the next
+        sample counts it from its start, as what it then is (a worker, or another
+        process of the job), so nothing it did is lost."""
+        parent = samples.get(st.ppid)
+        if parent is None or st.comm != parent.stat.comm:
+            return False
+        return st.ppid in mains or (st.ppid == self.root_pid and not mains)
 
     def _fetch_side(self, samples: dict[int, Any], workers: set[int]) -> list[int]:
         """The processes that fetch batches (DataLoader workers, or the training process
