@@ -83,15 +83,15 @@ for x, y in DataLoader(Cached(), batch_size=64, num_workers=1):
 """
 
 
-def run_case(tmp_path: Path, code: str, *args: str, sets: Sequence[str] = ()
-             ) -> tuple[dict[str, Any], str]:
+def run_case(tmp_path: Path, code: str, *args: str, sets: Sequence[str] = (),
+             autotune: bool = False) -> tuple[dict[str, Any], str]:
     """``code`` run as ``tmp_path/train.py`` with ``args`` under `iolens run` (with a
-    ``--set`` for each of ``sets``, as a verdict's "with no code change" line gives them):
-    its report and iolens' stderr."""
+    ``--set`` for each of ``sets``, as a verdict's "with no code change" line gives them,
+    and ``--autotune``): its report and iolens' stderr."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(code))
     run = tmp_path / "run"
-    extra = [x for s in sets for x in ("--set", s)]
+    extra = [x for s in sets for x in ("--set", s)] + (["--autotune"] if autotune else [])
     out = subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.5", "--out",
                           str(run), "--no-live", *extra, "--", sys.executable, str(script),
                           *args],

@@ -454,6 +454,7 @@ def _ceiling(share: float) -> str:
 def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = None) -> Verdict:
     """The verdict over a run's records (in order). ``meta`` adds the CPU count and notes."""
     meta = meta or {}
+    records, tuned = _tuned_part(records, meta)
     timed = [r for r in records if _timed(r)]
     batches = int(sum(_num(_train(r), "batches") for r in timed))
     figures = _figures(records, timed, meta)
@@ -496,8 +497,29 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
         # (advice from a handful of batches before the hang would only distract)
         v.recommendations = hang.recommendations + (
             v.recommendations if batches >= rules.MIN_BATCHES else [])
+    if tuned is not None:
+        v.evidence.append(tuned)
     _how_to_try(v, meta)
     return v
+
+
+def _tuned_part(records: Sequence[dict[str, Any]],
+                meta: dict[str, Any]) -> tuple[Sequence[dict[str, Any]], str | None]:
+    """A run of ``iolens run --autotune`` is judged on the intervals since its loader
+    settings last changed (NOTE [autotune between epochs] in iolens/training/autotune.py):
+    the epochs before ran other settings, whose figures would blend into figures of no
+    setting at all. The words that say so, or None (a run without autotune, or one whose
+    settings never changed)."""
+    at = meta.get("autotune")
+    since = at.get("since_t") if isinstance(at, dict) else None
+    if not isinstance(since, int | float) or isinstance(since, bool):
+        return records, None
+    kept = [r for r in records if _num(r, "t") > since]
+    if not kept or len(kept) == len(records):
+        return records, None
+    return kept, (f"the verdict is of the run from {clock(_num(kept[0], 'elapsed_s'))} on, "
+                  "where autotune's settings last changed: the epochs before ran other "
+                  "settings")
 
 
 def _how_to_try(v: Verdict, meta: dict[str, Any]) -> None:

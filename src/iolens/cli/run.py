@@ -64,6 +64,7 @@ examples:
   iolens run --out runs/baseline --device nvme1n1 -- python train.py
   iolens run --prometheus 9478 --csv run.csv -- python train.py
   iolens run --set num_workers=4 persistent_workers=true -- python train.py
+  iolens run --autotune -- python train.py --epochs 10
   MLFLOW_TRACKING_URI=sqlite:///mlflow.db iolens run --mlflow -- python train.py
   WANDB_MODE=offline WANDB_PROJECT=loader iolens run --wandb -- python train.py
 """
@@ -75,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="iolens run",
         usage="iolens run [--out DIR] [--interval S] [--path P ...] [--device D ...] "
               "[--prometheus [HOST:]PORT] [--job NAME] [--csv FILE] [--tensorboard DIR] "
-              "[--mlflow] [--wandb] [--set KEY=VALUE ...] [--set-loader NAME] -- CMD ...",
+              "[--mlflow] [--wandb] [--set KEY=VALUE ...] [--set-loader NAME] [--autotune] "
+              "-- CMD ...",
         description="Run CMD and record, every interval, the disks, the job's processes and "
                     "how long its training loop waits for data.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--set only the loaders whose dataset's class is NAME (its bare "
                         "name, e.g. ImageFolder; a Subset's dataset counts too; repeatable; "
                         "default: every loader)")
+    p.add_argument("--autotune", action="store_true",
+                   help="pick num_workers and prefetch_factor between epochs: at each "
+                        "epoch's start the model proposes the setting it predicts best, the "
+                        "epoch runs with it, and its measured rate keeps it or goes back; "
+                        "the report lists each epoch's setting, prediction and rate, and the "
+                        "setting to write into the code (map-style datasets; an epoch waits "
+                        "at most 3 s for the answer)")
     p.add_argument("--linger", type=float, default=10.0, metavar="S",
                    help="go on recording processes the job leaves running for at most S "
                         "seconds after it exits (default 10; 0: stop with the job)")
@@ -146,6 +155,9 @@ def _settings(p: argparse.ArgumentParser, ns: argparse.Namespace) -> dict[str, A
         p.error(str(exc))
     if settings and not ns.instrument:
         p.error("--set works through the DataLoader's instrumentation: not with "
+                "--no-instrument")
+    if ns.autotune and not ns.instrument:
+        p.error("--autotune works through the DataLoader's instrumentation: not with "
                 "--no-instrument")
     if ns.set_loaders and not settings:
         p.error("--set-loader names the loaders --set applies to: it needs --set")
@@ -196,7 +208,8 @@ def run(ns: argparse.Namespace) -> int:
                       instrument=ns.instrument, quiet=ns.quiet, live=ns.live,
                       prometheus=ns.prometheus, job=ns.job, csv=ns.csv,
                       tensorboard=ns.tensorboard, mlflow=ns.mlflow, wandb=ns.wandb,
-                      linger=ns.linger, settings=settings, set_loaders=ns.set_loaders)
+                      linger=ns.linger, settings=settings, set_loaders=ns.set_loaders,
+                      autotune=ns.autotune)
     try:
         return run_job(opts)
     except SinkError as exc:

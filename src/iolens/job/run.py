@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import iolens
 from iolens.analysis.verdict import diagnose, verdict_lines
+from iolens.job.autotune import FOLDER as TUNE_FOLDER
+from iolens.job.autotune import Tuner
 from iolens.live.history import Header
 from iolens.live.view import LiveView, is_terminal
 from iolens.recorder.sampler import Recorder
@@ -51,6 +53,7 @@ from iolens.rundir import (
 from iolens.sinks.base import CallbackSink, FanOut, Sink
 from iolens.sinks.state import LiveTotals, job_rank
 from iolens.sources.devmap import device_for_path
+from iolens.training import autotune as tune
 from iolens.training import overrides
 
 if TYPE_CHECKING:
@@ -101,6 +104,9 @@ class RunOptions:
     """DataLoader settings given with ``--set`` (iolens.training.overrides)."""
     set_loaders: list[str] = field(default_factory=list)
     """The dataset class names whose loaders take them (``--set-loader``; none: all)."""
+    autotune: bool = False
+    """Pick num_workers and prefetch_factor between epochs (NOTE [autotune between
+    epochs] in iolens/training/autotune.py)."""
 
 
 @dataclass
@@ -193,16 +199,19 @@ def initial_watch(paths: list[str], devices: list[str], proc_root: str = "/proc"
 
 def child_env(run_dir: str, interval: float, instrument: bool,
               spare: str | None = None, *, settings: dict[str, Any] | None = None,
-              set_loaders: Sequence[str] = ()) -> dict[str, str]:
+              set_loaders: Sequence[str] = (), autotune: bool = False) -> dict[str, str]:
     """The job's environment: unchanged, plus the timing bootstrap when instrumenting
-    (and ``spare``, NOTE [spare timing folder] in iolens/training/_hooks.py, and the
-    DataLoader ``settings`` of ``--set``)."""
+    (and ``spare``, NOTE [spare timing folder] in iolens/training/_hooks.py, the
+    DataLoader ``settings`` of ``--set``, and the folder of ``--autotune``)."""
     env = dict(os.environ)
     env["IOLENS_RUN_DIR"] = os.path.abspath(run_dir)
     env.pop("IOLENS_TIMING_SPARE", None)
     env.pop(overrides.ENV, None)
+    env.pop(tune.ENV, None)
     if instrument and settings:
         env[overrides.ENV] = overrides.to_env(settings, set_loaders)
+    if instrument and autotune:
+        env[tune.ENV] = os.path.join(os.path.abspath(run_dir), TUNE_FOLDER)
     if instrument and spare is not None:
         env["IOLENS_TIMING_SPARE"] = spare
     if instrument:
@@ -258,7 +267,8 @@ def run(opts: RunOptions) -> int:
             tracker.run_dir = os.path.abspath(run_dir.path)
         spare = _spare_timing_dir() if opts.instrument else None
         env = child_env(run_dir.path, opts.interval, opts.instrument, spare,
-                        settings=opts.settings, set_loaders=opts.set_loaders)
+                        settings=opts.settings, set_loaders=opts.set_loaders,
+                        autotune=opts.autotune)
         try:
             child = subprocess.Popen(opts.command, env=env)
         except OSError as exc:
@@ -287,8 +297,9 @@ def run(opts: RunOptions) -> int:
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, *_FORWARDED)}
     recorder: Recorder | None = None
+    tuner: Tuner | None = None
     rc: int | None = None
-    outputs_meta = {"outputs": _outputs_meta(opts, outputs)}
+    outputs_meta: dict[str, Any] = {"outputs": _outputs_meta(opts, outputs)}
     try:
         try:
             recorder = Recorder(run_dir, child.pid, opts.interval, watch,
@@ -315,13 +326,19 @@ def run(opts: RunOptions) -> int:
 
             job_exited = _exit_waiter(child)
 
-            def wait(timeout: float) -> bool:
+            def waiter(timeout: float) -> bool:
                 _reap_adopted(keep=child.pid)
                 return job_exited(timeout)
+
+            wait: Callable[[float], bool] = waiter
 
             if _want_live(opts):
                 view = _live_view(opts, recorder, run_dir, child.pid)
                 fan.add(_VIEW, CallbackSink(view.update, view.stop))
+            if opts.autotune:
+                tuner = _tuner(opts, recorder, run_dir, warn)
+                wait = _asks_too(wait, tuner)
+                fan.add(_TUNER, CallbackSink(tuner.take, lambda: None))
             recorder.loop(wait, on_record=fan if fan.names else None)
             fan(recorder.sample())  # the last, partial interval
             leftovers = None
@@ -353,6 +370,8 @@ def run(opts: RunOptions) -> int:
     if view is not None and view.error is not None:
         _say(opts, view.error)
     code = exit_code(rc)
+    if tuner is not None:
+        outputs_meta["autotune"] = tuner.to_meta()
     trackers = [t for t in outputs.trackers if not t.failed]  # one that failed was dropped
     _finish(opts, run_dir, recorder, code=code, rc=rc, stopped_by=stopped_by,
             extra=outputs_meta, spare=spare, trackers=trackers)
@@ -360,6 +379,38 @@ def run(opts: RunOptions) -> int:
 
 
 _VIEW = "the live view"
+_TUNER = "autotune"
+
+
+def _tuner(opts: RunOptions, recorder: Recorder, run_dir: RunDir,
+           warn: Callable[[str], None]) -> Tuner:
+    """The answers to the job's asks of ``--autotune``, from the model of what the
+    recorder has seen (NOTE [autotune between epochs] in iolens/training/autotune.py)."""
+    def meta() -> dict[str, Any]:
+        return {"cpus": os.cpu_count(), "storage": recorder.storage_now,
+                "loaders": recorder.loaders(), "command": opts.command}
+
+    return Tuner(run_dir.path, meta, warn)
+
+
+def _asks_too(wait: Callable[[float], bool], tuner: Tuner) -> Callable[[float], bool]:
+    """``wait`` that also returns (False: sample now) when the job asks for its next
+    epoch's settings, looking every ASK_POLL_S: an epoch waits for its answer."""
+    def waiting(timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while True:
+            if tuner.asked():
+                return False
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            if wait(min(left, ASK_POLL_S)):
+                return True
+
+    return waiting
+
+
+ASK_POLL_S = 0.02
 
 
 def _outputs_meta(opts: RunOptions, outputs: Outputs) -> dict[str, Any]:

@@ -59,7 +59,49 @@ def build_report(run: RunData) -> dict[str, Any]:
         "cpu": _cpu(recs),
         "pipeline": _pipeline(recs, meta),
         "storage": [s for s in meta.get("storage") or [] if isinstance(s, dict)],
+        "autotune": autotune(meta),
     }
+
+
+def autotune(meta: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """``iolens run --autotune``: each loader's epochs (settings, prediction, measured rate,
+    what was decided) and the settings it ended on, as the code would take them; None for
+    a run without it. What a damaged meta.json holds wrongly is left out."""
+    at = meta.get("autotune")
+    if not isinstance(at, dict):
+        return None
+    out = []
+    for t in at.get("loaders") or []:
+        if not isinstance(t, dict):
+            continue
+        epochs = []
+        for e in t.get("epochs") or []:
+            if not isinstance(e, dict) or not isinstance(e.get("settings"), dict):
+                continue
+            got = e.get("prediction")
+            pred: dict[str, Any] = got if isinstance(got, dict) else {}
+            epochs.append({
+                "epoch": e.get("epoch"), "settings": _settings_text(e["settings"]),
+                "predicted": _r(_float(pred.get("steps_per_s")), 2),
+                "low": _r(_float(pred.get("low")), 2), "high": _r(_float(pred.get("high")), 2),
+                "steps_per_s": _r(_float(e.get("steps_per_s")), 2),
+                "decision": str(e.get("decision") or "")})
+        ended = t.get("ended_on") if isinstance(t.get("ended_on"), dict) else None
+        out.append({
+            "dataset": str(t.get("dataset") or "?"), "epochs": epochs,
+            "ended_on": ended,
+            "code": (f"DataLoader(..., {_settings_text(ended)})" if ended else None),
+            "settled": t.get("settled") if isinstance(t.get("settled"), str) else None,
+            "refused": t.get("refused") if isinstance(t.get("refused"), str) else None})
+    return out
+
+
+def _settings_text(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in settings.items())
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 def _pipeline(recs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:

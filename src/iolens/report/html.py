@@ -661,6 +661,31 @@ def _findings_section(report: dict[str, Any]) -> str:
             + "</section>")
 
 
+def _autotune_section(report: dict[str, Any]) -> str:
+    """``iolens run --autotune``: each epoch's settings, prediction, rate and decision."""
+    loaders = [t for t in report.get("autotune") or [] if isinstance(t, dict)]
+    if not loaders:
+        return ""
+    parts = ["<section><h2>Autotune</h2>"]
+    for t in loaders:
+        if t.get("refused"):
+            parts.append(f"<p>{_e(t.get('dataset'))}: left as it is: {_e(t['refused'])}</p>")
+            continue
+        rows = [(str(e.get("epoch")), str(e.get("settings")),
+                 (f"{_f(e.get('predicted'))} ({_f(e.get('low'))}-{_f(e.get('high'))})"
+                  if e.get("predicted") is not None else "-"),
+                 _f(e.get("steps_per_s")), str(e.get("decision")))
+                for e in t.get("epochs") or [] if isinstance(e, dict)]
+        parts.append(f"<p>{_e(t.get('dataset'))}</p>" + _table(
+            ("epoch", "settings", "predicted steps/s", "measured steps/s", "decision"), rows,
+            left=2))
+        if t.get("code"):
+            parts.append(f"<p>Ended on <code>{_e(t['code'])}</code>"
+                         + (f" ({_e(t['settled'])})" if t.get("settled") else "")
+                         + ": write it into the code.</p>")
+    return "".join(parts) + "</section>"
+
+
 def _notes_section(report: dict[str, Any]) -> str:
     notes = report.get("notes") or []
     if not notes:
@@ -1091,6 +1116,7 @@ def render_html(report: dict[str, Any], records: Sequence[dict[str, Any]], *,
         _run_section(report),
         _verdict_section(report, wins),
         _findings_section(report),
+        _autotune_section(report),
         _notes_section(report),
         _tables_section(report),
         _charts_section(data),

@@ -175,6 +175,33 @@ _STAGE_ROWS = 12
 _BAR = 40
 
 
+def _autotune(report: dict[str, Any]) -> RenderableType | None:
+    """``iolens run --autotune``: each epoch's settings, prediction, rate and decision."""
+    loaders = report.get("autotune")
+    if not loaders:
+        return None
+    parts: list[RenderableType] = [Text("autotune (iolens run --autotune)", style="bold")]
+    for t in loaders:
+        if t.get("refused"):
+            parts.append(Text(f"  {t['dataset']}: left as it is: {t['refused']}"))
+            continue
+        table = Table(box=None, padding=(0, 1))
+        for col in ("epoch", "settings", "predicted steps/s", "measured steps/s", "decision"):
+            table.add_column(col, justify="right" if "steps" in col or col == "epoch"
+                             else "left")
+        for e in t["epochs"]:
+            pred = (f"{_f(e['predicted'])} ({_f(e['low'])}-{_f(e['high'])})"
+                    if e["predicted"] is not None else "-")
+            table.add_row(str(e["epoch"]), Text(e["settings"]), pred, _f(e["steps_per_s"]),
+                          Text(e["decision"]))
+        parts += [Text(f"  {t['dataset']}"), table]
+        if t.get("code"):
+            parts.append(Text(f"  ended on {t['code']}"
+                              + (f" ({t['settled']})" if t.get("settled") else "")
+                              + ": write it into the code"))
+    return Group(*parts)
+
+
 def _pipeline(report: dict[str, Any]) -> RenderableType | None:
     """The input pipeline from inside the workers, and its stage split over time."""
     p = report.get("pipeline")
@@ -298,7 +325,8 @@ def render(report: dict[str, Any]) -> RenderableType:
                           + "".join(f" --set-loader {n}" for n in run.get("set_loaders") or [])))
     parts: list[RenderableType] = [Group(*lines), _verdict(report)]
     ranks = _ranks_table(report["training"].get("ranks") or [], "ranks (torchrun)")
-    for part in (_findings(report), _training(report), _pipeline(report), ranks,
+    for part in (_findings(report), _autotune(report), _training(report), _pipeline(report),
+                 ranks,
                  _storage(report), _devices(report), _processes(report), _gpus(report)):
         if part is not None:
             parts.append(part)

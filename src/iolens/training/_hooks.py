@@ -1007,7 +1007,7 @@ def _time_in_process(it: Any) -> None:
 
 def patch_dataloader(module: ModuleType) -> None:
     """Wrap ``_BaseDataLoaderIter.__next__`` and ``DataLoader.__iter__`` of torch's dataloader."""
-    global _patched
+    global _patched, _tuning
     if _patched:
         return
     base = module._BaseDataLoaderIter
@@ -1033,11 +1033,17 @@ def patch_dataloader(module: ModuleType) -> None:
             if w is not None:
                 with contextlib.suppress(Exception):  # NOTE [never hurt the job]
                     w.flush()
+                    if _tuning:
+                        _tuner().epoch_ends(getattr(self, "_iolens_tag", 0),
+                                            self.__dict__.get("_num_yielded"))
             raise
         t1 = _now()
         w = _writer
         if w is not None:
             tag = getattr(self, "_iolens_tag", 0) << shift
+            if _tuning and self.__dict__.get("_num_yielded") == 1:
+                with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+                    _tuner().batch(tag >> shift, 1)
             w.buf.extend((batch | tag, t0, t1))
             if c is not None:
                 c.emit(0, t1, False)
@@ -1056,6 +1062,9 @@ def patch_dataloader(module: ModuleType) -> None:
 
     def __iter__(self: Any) -> Any:
         t = _now()
+        if _tuning and _writer is not None:
+            with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+                _tuner().epoch_starts(self, _tag_for(self))
         it = orig_iter(self)
         w = _writer
         if w is not None:
@@ -1072,8 +1081,21 @@ def patch_dataloader(module: ModuleType) -> None:
     loader_cls.__iter__ = __iter__
     _patched = True
     _patch_settings(loader_cls)
+    with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+        _tuning = _tuner().enabled()
     with contextlib.suppress(Exception):  # NOTE [never hurt the job]: the loop's timing stands
         _patch_worker_loop(module)
+
+
+_tuning = False
+"""``iolens run --autotune`` (NOTE [autotune between epochs] in
+iolens/training/autotune.py)."""
+
+
+def _tuner() -> ModuleType:
+    from iolens.training import autotune  # noqa: PLC0415 - only with --autotune
+
+    return autotune
 
 
 _settings: dict[str, Any] = {}

@@ -1,0 +1,269 @@
+"""``iolens run --autotune``, in the recorder: which loader settings each epoch runs with.
+
+NOTE [autotune between epochs] in iolens/training/autotune.py says how the job asks at
+each epoch's start and applies the answer. Here, each ask is answered from what the run
+measured:
+
+- The epoch that just ended is measured by the job (batches over its time). Its
+  rate is the epoch's whole (batches per second from the loader's ``__iter__`` to
+  its end) for a loader that starts its workers each epoch, and its steady part
+  (from the first batch on) for a persistent one, whose workers start only once.
+- An epoch on settings under trial keeps them when it was faster than the best epoch so
+  far by KEEP_GAIN, and goes back to the best otherwise: the measurement decides,
+  not the prediction. After a step back nothing more is tried. A trial kept runs one
+  more epoch before the next proposal, which is made from that epoch.
+- Otherwise the model proposes: the verdict over the last epoch's intervals (or all
+  since the settings took effect, where the last epoch is too short for a model;
+  iolens.analysis.verdict, the same advice ``iolens run`` prints at the end), whose
+  first recommendation that is a change of num_workers or prefetch_factor, not tried
+  yet, is tried next when it predicts at least MIN_GAIN over the measured rate, or
+  predicts nothing ("lower num_workers", "raise prefetch_factor": the model cannot
+  size them, the epoch measures them). The model holds the bounds: it does not add
+  workers where the cores, the storage or the step bind, and its worker counts stop
+  at the next limit.
+- At most MAX_TRIALS trials per loader; too few batches for a model: the settings stay
+  and the next epoch adds to them.
+
+Every epoch's settings, prediction, measured rate and decision go into meta.json
+(``autotune``) and ``autotune/history.json`` as they happen, and the report shows them
+with the settings the loader ended on, for the user to write into the code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from iolens.rundir import write_atomic
+
+KEEP_GAIN = 0.03
+"""How much faster than the best epoch a trial epoch must be to be kept."""
+MIN_GAIN = 0.05
+"""The predicted gain a change must have to be tried."""
+MAX_TRIALS = 4
+MAX_RECORDS = 3600
+"""The intervals kept for the model (the latest, on the current settings)."""
+FOLDER = "autotune"
+
+
+@dataclass
+class _Tuning:
+    """One loader's tuning: its epochs and where it stands."""
+
+    pid: int
+    tag: int
+    dataset: str = "?"
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    best: tuple[dict[str, Any], float] | None = None
+    trial: dict[str, Any] | None = None
+    trial_prediction: dict[str, Any] | None = None
+    tried: list[dict[str, Any]] = field(default_factory=list)
+    settled: str | None = None
+    """Why nothing more is tried, once nothing is."""
+    since: int = 0
+    """Records taken before the current settings began (an index into the tuner's)."""
+    since_t: float | None = None
+    """When the current settings began (Unix seconds), once autotune changed them."""
+    seq: int = 0
+    refused: str | None = None
+    asked_at: int = 0
+    """Records taken at the last ask: those after it are the last epoch's."""
+
+    def to_dict(self) -> dict[str, Any]:
+        ended = self.best[0] if self.best is not None else None
+        return {"pid": self.pid, "tag": self.tag, "dataset": self.dataset,
+                "epochs": self.epochs, "ended_on": ended, "settled": self.settled,
+                "refused": self.refused, "since_t": self.since_t}
+
+
+class Tuner:
+    """Answers the job's asks (NOTE [autotune between epochs])."""
+
+    def __init__(self, run_path: str, meta: Callable[[], dict[str, Any]],
+                 say: Callable[[str], None]) -> None:
+        self.folder = os.path.join(run_path, FOLDER)
+        os.makedirs(self.folder, exist_ok=True)
+        self.meta = meta
+        """The verdict's metadata now (CPU count, storage, loaders)."""
+        self.say = say
+        self.records: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDS)
+        self.taken = 0
+        """Records taken in all."""
+        self.loaders: dict[tuple[int, int], _Tuning] = {}
+        self._seen: dict[str, int] = {}
+        """Ask file -> its mtime in ns when last read."""
+        self.pending: list[dict[str, Any]] = []
+
+    # -- the recorder's loop ------------------------------------------------------------
+
+    def asked(self) -> bool:
+        """Whether a new ask has come (read into ``pending``): the recorder then takes a
+        sample at once and answers it."""
+        try:
+            entries = list(os.scandir(self.folder))
+        except OSError:
+            return False
+        for e in entries:
+            if not (e.name.startswith("ask-") and e.name.endswith(".json")):
+                continue
+            try:
+                mtime = e.stat().st_mtime_ns
+                if self._seen.get(e.name) == mtime:
+                    continue
+                self._seen[e.name] = mtime
+                with open(e.path, "rb") as fh:
+                    ask = json.loads(fh.read())
+            except (OSError, ValueError):
+                continue
+            if isinstance(ask, dict):
+                self.pending.append(ask)
+        return bool(self.pending)
+
+    def take(self, record: Mapping[str, Any]) -> None:
+        """Each record the recorder writes; then the asks it was taken for are answered."""
+        self.records.append(dict(record))
+        self.taken += 1
+        while self.pending:
+            ask = self.pending.pop(0)
+            try:
+                self.answer(ask)
+            except Exception as exc:  # noqa: BLE001 - NOTE [never hurt the job]
+                self.say(f"autotune could not answer epoch {ask.get('epoch')}: {exc!r}; the "
+                         "loader keeps its settings")
+
+    # -- the decision -------------------------------------------------------------------
+
+    def answer(self, ask: dict[str, Any]) -> None:
+        pid, tag, seq = int(ask["pid"]), int(ask["tag"]), int(ask["seq"])
+        t = self.loaders.get((pid, tag))
+        if t is None:
+            t = self.loaders[(pid, tag)] = _Tuning(pid, tag, str(ask.get("dataset", "?")))
+        if ask.get("refused"):
+            t.refused = str(ask["refused"])
+            self._save()
+            return
+        if seq <= t.seq:
+            return
+        t.seq = seq
+        last_epoch, t.asked_at = t.asked_at, self.taken
+        settings = {k: v for k, v in dict(ask["settings"]).items() if v is not None}
+        measured = _rate(ask)
+        entry: dict[str, Any] = {"epoch": int(ask["epoch"]), "settings": settings,
+                                 "steps_per_s": round(measured, 3) if measured else None,
+                                 "prediction": t.trial_prediction}
+        t.epochs.append(entry)
+        nxt = dict(settings)
+        kept_now = False
+        if t.settled is not None:
+            entry["decision"] = "kept"
+        elif measured is None:
+            entry["decision"] = "not measured (too short): kept"
+        elif t.trial is not None and t.best is not None:
+            best_settings, best_rate = t.best
+            if measured >= best_rate * (1 + KEEP_GAIN):
+                entry["decision"] = (f"kept: {(measured / best_rate - 1) * 100:+.1f}% over the "
+                                     "best epoch before")
+                t.best = (settings, measured)
+                kept_now = True
+            else:
+                entry["decision"] = (f"reverted: {(measured / best_rate - 1) * 100:+.1f}% against "
+                                     f"the best epoch before ({_text(best_settings)})")
+                nxt = dict(best_settings)
+                t.settled = "a trial did not beat the best epoch"
+            t.trial = t.trial_prediction = None
+        elif t.best is None:
+            t.best = (settings, measured)
+            entry["decision"] = "measured: the code's own settings"
+        else:
+            if measured > t.best[1]:
+                t.best = (settings, measured)
+            entry["decision"] = "kept"
+        # A trial just kept runs once more as it is before anything else is proposed, from
+        # that epoch's intervals: a trial's epoch starts its new workers, and the first
+        # epochs of a process hold its first full garbage collections.
+        if not kept_now and t.settled is None and measured is not None:
+            proposal = self._propose(t, settings, measured, last_epoch)
+            if proposal is not None:
+                change, prediction = proposal
+                nxt = {**settings, **change}
+                t.trial, t.trial_prediction = nxt, prediction
+                t.tried.append(nxt)
+                entry["next"] = nxt
+        if nxt != settings:
+            t.since = self.taken
+            t.since_t = float(self.records[-1].get("t") or 0.0) if self.records else None
+        self._write_answer(t, seq, nxt)
+        self._save()
+
+    def _propose(self, t: _Tuning, settings: dict[str, Any], measured: float,
+                 last_epoch: int) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+        """The change to try next and its prediction, from the last epoch's intervals (or,
+        too few there for a model, from all since the settings began); None for none."""
+        from iolens.analysis.verdict import diagnose  # noqa: PLC0415 - heavy, only here
+
+        if len(t.tried) >= MAX_TRIALS:
+            t.settled = f"{MAX_TRIALS} trials made"
+            return None
+        v = None
+        for start in dict.fromkeys((max(last_epoch, t.since), t.since)):
+            skip = max(0, len(self.records) - (self.taken - start))
+            v = diagnose(list(self.records)[skip:], self.meta())
+            if v.model is not None and v.model.unavailable is None:
+                break
+        if v is None or v.model is None or v.model.unavailable is not None:
+            return None  # too few batches yet: the next epoch adds to them
+        for r in v.recommendations:
+            change = {k: x for k, x in (r.change or {}).items() if k in KEYS}
+            if not change or any(k not in KEYS_OR_KEPT for k in r.change or {}):
+                continue
+            want = {**settings, **change}
+            if want == settings or want in t.tried:
+                continue
+            pred = r.prediction
+            if pred is None:  # (fewer workers, a deeper prefetch: the epoch measures them)
+                return change, None
+            if pred.steps_per_s >= measured * (1 + MIN_GAIN):
+                return change, pred.to_dict()
+        t.settled = "the model predicts no gain from num_workers or prefetch_factor"
+        return None
+
+    # -- files --------------------------------------------------------------------------
+
+    def _write_answer(self, t: _Tuning, seq: int, settings: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            write_atomic(os.path.join(self.folder, f"answer-{t.pid}-{t.tag}.json"),
+                         json.dumps({"seq": seq, "settings": settings}).encode())
+
+    def _save(self) -> None:
+        with contextlib.suppress(OSError):
+            write_atomic(os.path.join(self.folder, "history.json"),
+                         json.dumps(self.to_meta()).encode())
+
+    def to_meta(self) -> dict[str, Any]:
+        """What meta.json keeps (``autotune``)."""
+        changed = [t.since_t for t in self.loaders.values() if t.since_t is not None]
+        return {"loaders": [t.to_dict() for t in self.loaders.values()],
+                "since_t": max(changed) if changed else None}
+
+
+KEYS = ("num_workers", "prefetch_factor")
+KEYS_OR_KEPT = (*KEYS, "persistent_workers")
+"""A recommendation may also ask for persistent workers (from none): its worker count is
+tried, on the loader's own persistence."""
+
+
+def _rate(ask: dict[str, Any]) -> float | None:
+    """The epoch's rate as compared between epochs (see the module's docstring)."""
+    batches, seconds, first = int(ask["batches"]), float(ask["seconds"]), float(ask["first_s"])
+    if ask.get("persistent"):
+        batches, seconds = batches - 1, seconds - first
+    return batches / seconds if batches >= 1 and seconds > 0 else None
+
+
+def _text(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in settings.items())
