@@ -40,13 +40,18 @@ class Stream(IterableDataset):
             time.sleep(0.004)
             yield torch.zeros(64), i
 workers, persistent, epochs = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
-iterable = len(sys.argv) > 4
+mode = sys.argv[4] if len(sys.argv) > 4 else ""  # "iterable", or "anew": a loader each epoch
+iterable = mode == "iterable"
 g = torch.Generator().manual_seed(7)
-loader = DataLoader(Stream() if iterable else Remote(), batch_size=16, num_workers=workers,
-                    shuffle=not iterable, generator=None if iterable else g,
-                    persistent_workers=persistent)
+def make():
+    return DataLoader(Stream() if iterable else Remote(), batch_size=16, num_workers=workers,
+                      shuffle=not iterable, generator=None if iterable else g,
+                      persistent_workers=persistent)
+loader = make()
 order = []
 for epoch in range(epochs):
+    if mode == "anew" and epoch:
+        loader = make()
     t, n = time.monotonic(), 0
     for x, i in loader:
         order.extend(i.tolist())
@@ -158,6 +163,25 @@ def test_a_persistent_loader_is_measured_from_its_first_batch_on(tmp_path: Path)
     assert _answer(tmp_path)["settings"]["num_workers"] == 2
 
 
+def test_more_workers_are_not_tried_where_they_would_leave_too_little_memory(
+        tmp_path: Path) -> None:
+    """NOTE [workers and memory]: each worker costs what the least available memory fell by
+    per worker between epochs of different counts."""
+    from iolens.job.autotune import _Tuning
+
+    tuner = Tuner(str(tmp_path), dict, lambda message: None)
+    tuner.total_memory = 100 << 30
+    t = _Tuning(10, 1)
+    t.epochs = [{"settings": {"num_workers": 1}, "available_bytes_min": 50 << 30},
+                {"settings": {"num_workers": 3}, "available_bytes_min": 30 << 30}]
+    now = {"num_workers": 3}
+    assert tuner._memory_allows(t, now, {"num_workers": 4})  # 20 GiB left of 100
+    assert not tuner._memory_allows(t, now, {"num_workers": 6})  # none left
+    assert tuner._memory_allows(t, now, {"num_workers": 2})  # fewer: always
+    t.epochs = [{"settings": {"num_workers": 3}, "available_bytes_min": 9 << 30}]
+    assert not tuner._memory_allows(t, now, {"num_workers": 4})  # under 10% already
+
+
 def test_asks_are_read_once_each_and_a_refusal_is_kept(tmp_path: Path) -> None:
     tuner = _Fixed(tmp_path, {"num_workers": 2})
     folder = tmp_path / "autotune"
@@ -222,6 +246,18 @@ def test_a_persistent_loader_gets_new_workers_and_none_are_left(tmp_path: Path) 
     assert epochs[0][0] == 1 and epochs[1][0] > 1, out.stdout
     meta = json.loads((run / "meta.json").read_text())
     assert not [n for n in meta["notes"] if "left running" in n], meta["notes"]
+
+
+def test_a_loader_made_anew_each_epoch_goes_on_with_the_tuning(tmp_path: Path) -> None:
+    """NOTE [a loader made anew each epoch]: each new DataLoader runs one epoch; the tuning
+    goes on across them, and each new one takes the settings reached."""
+    pytest.importorskip("torch")
+    script = _script(tmp_path)
+    out, run = _tuned(tmp_path, script, "1", "0", "4", "anew")
+    epochs = _epochs(out.stdout)
+    assert epochs[0][0] == 1 and all(w > 1 for w, _ in epochs[1:]), out.stdout
+    (t,) = json.loads((run / "meta.json").read_text())["autotune"]["loaders"]
+    assert [e["epoch"] for e in t["epochs"]] == [1, 2, 3], t
 
 
 def test_an_iterable_dataset_is_left_as_it_is_with_the_reason(tmp_path: Path) -> None:

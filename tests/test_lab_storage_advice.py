@@ -138,12 +138,14 @@ def test_a_bandwidth_cap_is_not_packed_and_the_cache_it_advises_holds(
     assert any("pack" in (r.get("change") or {}) for r in v["declined"]), v["declined"]
     cache = v["recommendations"][0]
     assert cache["change"] == {"storage": "ram"} and cache["prediction"], cache
-    # followed: the dataset in RAM, the same training again (twice)
+    # followed: the dataset in RAM, the same training again (three times: one of the
+    # clean-clone CI's runs had 28% of its CPU stolen by the host, 48.6 steps/s beside
+    # 129.3 for the next; the middle run stands for them)
     shm = Path("/dev/shm") / f"iolens-lab-{os.getpid()}"
     shutil.copytree(data, shm)
     try:
         after = []
-        for i in range(2):
+        for i in range(3):
             d = tmp_path / f"after{i}"
             d.mkdir()
             rep, _ = run_case(d, TRAIN, str(shm), "6", "-")
@@ -151,8 +153,8 @@ def test_a_bandwidth_cap_is_not_packed_and_the_cache_it_advises_holds(
     finally:
         shutil.rmtree(shm, ignore_errors=True)
     p = cache["prediction"]
-    mean = sum(after) / len(after)
-    assert abs(mean / p["steps_per_s"] - 1) <= 0.25, (p, after)
+    middle = sorted(after)[1]
+    assert abs(middle / p["steps_per_s"] - 1) <= 0.25, (p, after)
     cmp = iolens("compare", str(tmp_path / "run"), str(tmp_path / "after0" / "run"),
                  "--format", "json")
     proof = json.loads(cmp.stdout)["prediction"]

@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "epoch runs with it, and its measured rate keeps it or goes back; "
                         "the report lists each epoch's setting, prediction and rate, and the "
                         "setting to write into the code (map-style datasets; an epoch waits "
-                        "at most 3 s for the answer)")
+                        "at most 30 s for the answer)")
     p.add_argument("--linger", type=float, default=10.0, metavar="S",
                    help="go on recording processes the job leaves running for at most S "
                         "seconds after it exits (default 10; 0: stop with the job)")

@@ -20,7 +20,8 @@ measured:
   predicts nothing ("lower num_workers", "raise prefetch_factor": the model cannot
   size them, the epoch measures them). The model holds the bounds: it does not add
   workers where the cores, the storage or the step bind, and its worker counts stop
-  at the next limit.
+  at the next limit; more workers are not tried where they would leave less than 10%
+  of the memory available (NOTE [workers and memory]).
 - At most MAX_TRIALS trials per loader; too few batches for a model: the settings stay
   and the next epoch adds to them.
 
@@ -46,8 +47,14 @@ KEEP_GAIN = 0.03
 MIN_GAIN = 0.05
 """The predicted gain a change must have to be tried."""
 MAX_TRIALS = 4
-MAX_RECORDS = 3600
-"""The intervals kept for the model (the latest, on the current settings)."""
+MEMORY_FLOOR = 0.1
+"""The share of the machine's memory more workers must leave available (NOTE [workers
+and memory])."""
+MODEL_RECORDS = 600
+"""The most intervals a proposal is made from (the latest): the model's figures of a long
+epoch's last ten minutes, in about a second, where the whole of an hour's epoch would keep
+its next epoch waiting for the answer."""
+MAX_RECORDS = 2 * MODEL_RECORDS
 FOLDER = "autotune"
 
 
@@ -98,6 +105,11 @@ class Tuner:
         self._seen: dict[str, int] = {}
         """Ask file -> its mtime in ns when last read."""
         self.pending: list[dict[str, Any]] = []
+        try:
+            self.total_memory: int | None = os.sysconf("SC_PHYS_PAGES") * os.sysconf(
+                "SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            self.total_memory = None
 
     # -- the recorder's loop ------------------------------------------------------------
 
@@ -155,7 +167,8 @@ class Tuner:
         measured = _rate(ask)
         entry: dict[str, Any] = {"epoch": int(ask["epoch"]), "settings": settings,
                                  "steps_per_s": round(measured, 3) if measured else None,
-                                 "prediction": t.trial_prediction}
+                                 "prediction": t.trial_prediction,
+                                 "available_bytes_min": self._least_available(last_epoch)}
         t.epochs.append(entry)
         nxt = dict(settings)
         kept_now = False
@@ -200,6 +213,33 @@ class Tuner:
         self._write_answer(t, seq, nxt)
         self._save()
 
+    def _least_available(self, since: int) -> int | None:
+        """The least memory available (MemAvailable) in the intervals taken after the
+        ``since``-th."""
+        skip = max(0, len(self.records) - (self.taken - since))
+        got = [m["available_bytes"] for r in list(self.records)[skip:]
+               if isinstance(m := r.get("mem"), dict)
+               and isinstance(m.get("available_bytes"), int)]
+        return min(got) if got else None
+
+    def _memory_allows(self, t: _Tuning, settings: dict[str, Any],
+                       want: dict[str, Any]) -> bool:
+        """NOTE [workers and memory]: a worker holds memory of its own (what it copies of
+        the training process and what its samples take); too many ends the job out of
+        memory. Each worker costs what the least available memory fell by, per worker,
+        between the epochs this loader ran with different counts (nothing known before
+        two); more workers are tried only where the least available memory would stay
+        above MEMORY_FLOOR of the machine's."""
+        more = int(want.get("num_workers") or 0) - int(settings.get("num_workers") or 0)
+        low = t.epochs[-1].get("available_bytes_min") if t.epochs else None
+        if more <= 0 or self.total_memory is None or low is None:
+            return True
+        seen = [(int(e["settings"].get("num_workers") or 0), e["available_bytes_min"])
+                for e in t.epochs if e.get("available_bytes_min") is not None]
+        each = max([(m1 - m2) / (w2 - w1) for w1, m1 in seen for w2, m2 in seen if w2 > w1]
+                   + [0.0])
+        return bool(low - more * each >= MEMORY_FLOOR * self.total_memory)
+
     def _propose(self, t: _Tuning, settings: dict[str, Any], measured: float,
                  last_epoch: int) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
         """The change to try next and its prediction, from the last epoch's intervals (or,
@@ -211,7 +251,8 @@ class Tuner:
             return None
         v = None
         for start in dict.fromkeys((max(last_epoch, t.since), t.since)):
-            skip = max(0, len(self.records) - (self.taken - start))
+            skip = max(0, len(self.records) - (self.taken - start), len(self.records)
+                       - MODEL_RECORDS)
             v = diagnose(list(self.records)[skip:], self.meta())
             if v.model is not None and v.model.unavailable is None:
                 break
@@ -224,6 +265,10 @@ class Tuner:
             want = {**settings, **change}
             if want == settings or want in t.tried:
                 continue
+            if not self._memory_allows(t, settings, want):
+                t.settled = (f"{_text(want)} would leave less than "
+                             f"{MEMORY_FLOOR * 100:.0f}% of the memory available")
+                return None
             pred = r.prediction
             if pred is None:  # (fewer workers, a deeper prefetch: the epoch measures them)
                 return change, None

@@ -7,9 +7,10 @@ workers without touching the data: the start of an epoch (``DataLoader.__iter__`
 epoch that ends is measured here (its batches, its time, its first batch's time) and,
 when the next one starts, sent to iolens as an ask file (``ask-<pid>-<tag>.json`` in the
 folder ``IOLENS_AUTOTUNE`` names); the epoch then waits for the answer (at most
-``IOLENS_AUTOTUNE_WAIT_S``, 3 s: the recorder answers within a tenth of a second or
-so) and starts with the settings it holds. A persistent loader's workers are shut down
-first so that the new ones start; torch makes new workers each epoch otherwise.
+``IOLENS_AUTOTUNE_WAIT_S``, 30 s; past that iolens is taken for gone and the loader is
+no longer tuned) and starts with the settings it holds. A persistent loader's workers
+are shut down first so that the new ones start; torch makes new workers each epoch
+otherwise.
 
 Only ``num_workers`` and ``prefetch_factor`` change: they are read anew by each epoch's
 iterator, and neither the sampler nor the dataset is touched, so each epoch sees the same
@@ -28,6 +29,7 @@ import json
 import os
 import sys
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +38,7 @@ from iolens.rundir import write_atomic
 ENV = "IOLENS_AUTOTUNE"
 """The folder the asks and answers go through; unset: no autotune."""
 WAIT_ENV = "IOLENS_AUTOTUNE_WAIT_S"
-WAIT_S = 3.0
+WAIT_S = 30.0
 POLL_S = 0.01
 KEYS = ("num_workers", "prefetch_factor")
 """What autotune changes (torch reads them anew at each epoch's iterator)."""
@@ -55,7 +57,8 @@ class _Loader:
     batches: int = 0
     asked: int = 0
     refused: str | None = None
-    applied: dict[str, Any] = field(default_factory=dict)
+    ran: dict[str, Any] = field(default_factory=dict)
+    """The settings the epoch runs with."""
 
 
 @dataclass
@@ -65,7 +68,29 @@ class _Config:
 
 
 _loaders: dict[int, _Loader] = {}
+_alias: dict[int, int] = {}
+"""A loader's tag -> the tag its tuning goes by (NOTE [a loader made anew each epoch])."""
+_by_kind: dict[tuple[str, str, Any], tuple[int, weakref.ref[Any]]] = {}
+"""(dataset module, dataset class, batch size) -> (tuning tag, the loader it last served)."""
 _conf = _Config()
+
+
+def _tuning_tag(loader: Any, tag: int) -> int:
+    """NOTE [a loader made anew each epoch]: a training loop may make its DataLoader again
+    for each epoch (``for epoch in ...: loader = DataLoader(...)``). Each is a new object,
+    with its own tag, that runs one epoch: tuned by its tag alone, none would ever ask. A
+    loader of the same dataset class and batch size as one that no longer exists goes on
+    with that one's tuning, and takes the settings it had reached; one made beside another
+    that lives (a validation loader of the training's dataset class) is tuned apart."""
+    got = _alias.get(tag)
+    if got is not None:
+        return got
+    ds = type(getattr(loader, "dataset", None))
+    kind = (ds.__module__, ds.__qualname__, getattr(loader, "batch_size", None))
+    prev = _by_kind.get(kind)
+    got = _alias[tag] = prev[0] if prev is not None and prev[1]() is None else tag
+    _by_kind[kind] = (got, weakref.ref(loader))
+    return got
 
 
 def enabled() -> bool:
@@ -89,6 +114,7 @@ def refusal(loader: Any) -> str | None:
 def epoch_starts(loader: Any, tag: int) -> None:
     """At ``DataLoader.__iter__``, before the epoch's iterator is made: ask for the settings
     of this epoch and apply them."""
+    tag = _tuning_tag(loader, tag)
     st = _loaders.get(tag)
     if st is None:
         st = _loaders[tag] = _Loader()
@@ -105,32 +131,35 @@ def epoch_starts(loader: Any, tag: int) -> None:
                "batches": st.batches, "seconds": st.ended - st.started,
                "first_s": (st.first or st.ended) - st.started,
                "persistent": bool(getattr(loader, "persistent_workers", False)),
-               "dataset": type(loader.dataset).__name__, "settings": current(loader)}
+               "dataset": type(loader.dataset).__name__, "settings": st.ran}
         if not _write(f"ask-{os.getpid()}-{tag}.json", ask):
             st.refused = "the ask could not be written (the run directory takes no writes)"
         else:
             answer = _answer(f"answer-{os.getpid()}-{tag}.json", st.asked)
             if answer is not None:
-                apply(loader, answer.get("settings") or {}, st)
+                apply(loader, answer.get("settings") or {})
             else:  # iolens is gone, or stuck: the epochs no longer wait for it
                 st.refused = f"iolens did not answer within {_conf.wait_s:g} s"
                 print(f"iolens: --autotune stops for the DataLoader of "
                       f"{type(loader.dataset).__name__}: {st.refused}; it keeps "
                       f"{overrides_text(current(loader))}", file=sys.stderr, flush=True)
+    elif st.refused is None and st.ran:  # a loader made anew: the settings reached so far
+        apply(loader, st.ran)
     st.epoch += 1
+    st.ran = current(loader)
     st.started, st.first, st.ended, st.batches = time.monotonic(), None, None, 0
 
 
 def batch(tag: int, yielded: Any) -> None:
     """After a batch of loader ``tag`` (``yielded``: the iterator's count so far)."""
-    st = _loaders.get(tag)
+    st = _loaders.get(_alias.get(tag, tag))
     if st is not None and st.first is None and yielded == 1:
         st.first = time.monotonic()
 
 
 def epoch_ends(tag: int, yielded: Any) -> None:
     """At the iterator's StopIteration: the epoch ran to its end."""
-    st = _loaders.get(tag)
+    st = _loaders.get(_alias.get(tag, tag))
     if st is not None and st.ended is None and type(yielded) is int:
         st.ended, st.batches = time.monotonic(), yielded
 
@@ -139,7 +168,7 @@ def current(loader: Any) -> dict[str, Any]:
     return {k: getattr(loader, k, None) for k in KEYS}
 
 
-def apply(loader: Any, settings: dict[str, Any], st: _Loader) -> None:
+def apply(loader: Any, settings: dict[str, Any]) -> None:
     """Give ``loader`` ``settings`` (checked: whole numbers in range) for its next epoch."""
     want = {k: v for k, v in settings.items() if k in KEYS and type(v) is int}
     n = want.get("num_workers", loader.num_workers)
@@ -157,7 +186,6 @@ def apply(loader: Any, settings: dict[str, Any], st: _Loader) -> None:
         loader.prefetch_factor = want["prefetch_factor"]
     elif loader.prefetch_factor is None:  # a loader made with no workers has none
         loader.prefetch_factor = 2
-    st.applied = current(loader)
 
 
 def overrides_text(settings: dict[str, Any]) -> str:
