@@ -118,6 +118,10 @@ def report(run: Path) -> dict[str, Any]:
     return dict(json.loads(out.stdout))
 
 
+STOLEN_MAX = 10.0
+"""CPU stolen by the host (%) under which a run after the advice stands for this machine."""
+
+
 @pytest.mark.parametrize("dataset_disk", [{"read_bps": 8 << 20}], indirect=True)
 def test_a_bandwidth_cap_is_not_packed_and_the_cache_it_advises_holds(
         tmp_path: Path, dataset_disk: Any) -> None:
@@ -138,23 +142,30 @@ def test_a_bandwidth_cap_is_not_packed_and_the_cache_it_advises_holds(
     assert any("pack" in (r.get("change") or {}) for r in v["declined"]), v["declined"]
     cache = v["recommendations"][0]
     assert cache["change"] == {"storage": "ram"} and cache["prediction"], cache
-    # followed: the dataset in RAM, the same training again (three times: one of the
-    # clean-clone CI's runs had 28% of its CPU stolen by the host, 48.6 steps/s beside
-    # 129.3 for the next; the middle run stands for them)
+    # followed: the dataset in RAM, the same training again. This loop is bound by the
+    # hand-over, a wake-up of the training process per batch, which CPU the host steals
+    # slows tenfold: in the clean-clone CI, runs with 28-33% of their CPU stolen ran 42-49
+    # steps/s (hand-over 15-17 ms a batch) where runs with under 6% ran 129-151 (1.5 ms).
+    # The prediction is for this machine as the run before saw it (8% stolen): up to four
+    # runs, the two with the least stolen are held to it, and the steal is in the message.
     shm = Path("/dev/shm") / f"iolens-lab-{os.getpid()}"
     shutil.copytree(data, shm)
     try:
-        after = []
-        for i in range(3):
+        after: list[tuple[float, float]] = []
+        for i in range(4):
             d = tmp_path / f"after{i}"
             d.mkdir()
             rep, _ = run_case(d, TRAIN, str(shm), "6", "-")
-            after.append(float(rep["verdict"]["figures"]["steps_per_s"]))
+            after.append((float(rep["cpu"].get("steal") or 0.0),
+                          float(rep["verdict"]["figures"]["steps_per_s"])))
+            if sum(steal < STOLEN_MAX for steal, _ in after) >= 2:
+                break
     finally:
         shutil.rmtree(shm, ignore_errors=True)
     p = cache["prediction"]
-    middle = sorted(after)[1]
-    assert abs(middle / p["steps_per_s"] - 1) <= 0.25, (p, after)
+    kept = [rate for _, rate in sorted(after)[:2]]
+    mean = sum(kept) / len(kept)
+    assert abs(mean / p["steps_per_s"] - 1) <= 0.25, (p, "(steal %, steps/s):", after)
     cmp = iolens("compare", str(tmp_path / "run"), str(tmp_path / "after0" / "run"),
                  "--format", "json")
     proof = json.loads(cmp.stdout)["prediction"]
