@@ -163,3 +163,27 @@ def test_the_folders_noted_are_the_jobs_data() -> None:
         assert _data_folder(kernel, ignore) is None
     assert _data_folder("/runs/r/timing", ignore) is None
     assert _data_folder(".", ()) == os.getcwd()
+
+
+def test_a_new_loader_never_takes_the_tag_of_one_alive() -> None:
+    """A loader's tag is the smallest no living loader holds: one made anew after another
+    is gone takes that one's, never that of a loader still in use (the count of living
+    loaders gave a new training loader the validation loader's tag)."""
+    from iolens.training import _hooks
+
+    class Loader:
+        pass
+
+    saved = dict(_hooks._loader_tags)
+    _hooks._loader_tags.clear()
+    try:
+        train, val = Loader(), Loader()
+        assert (_hooks._tag_for(train), _hooks._tag_for(val)) == (1, 2)
+        del train
+        again = Loader()
+        assert _hooks._tag_for(again) == 1 and _hooks._tag_for(val) == 2
+        assert _hooks._tag_for(Loader()) == 3  # (a temporary: gone at once)
+        assert _hooks._tag_for(Loader()) == 3
+    finally:
+        _hooks._loader_tags.clear()
+        _hooks._loader_tags.update(saved)

@@ -349,10 +349,14 @@ def _at_exit() -> None:
 
 
 def _tag_for(loader: Any) -> int:
+    """The loader's tag: the smallest no living loader of this process holds (a loader made
+    anew each epoch takes the tag of the one gone, so that their timing reads as one loader;
+    the count of living loaders, as before, could give a new loader the tag of one alive)."""
     try:
         tag = _loader_tags.get(loader)
         if tag is None:
-            tag = len(_loader_tags) + 1
+            used = set(_loader_tags.values())
+            tag = next(t for t in range(1, len(used) + 2) if t not in used)
             _loader_tags[loader] = tag
         return tag
     except TypeError:

@@ -5,12 +5,12 @@ recorder's process, from the model of the epochs run so far); the job only measu
 epochs and applies what it is told, at the one moment a DataLoader may change its
 workers without touching the data: the start of an epoch (``DataLoader.__iter__``). Each
 epoch that ends is measured here (its batches, its time, its first batch's time) and,
-when the next one starts, sent to iolens as an ask file (``ask-<pid>-<tag>.json`` in the
-folder ``IOLENS_AUTOTUNE`` names); the epoch then waits for the answer (at most
-``IOLENS_AUTOTUNE_WAIT_S``, 30 s; past that iolens is taken for gone and the loader is
-no longer tuned) and starts with the settings it holds. A persistent loader's workers
-are shut down first so that the new ones start; torch makes new workers each epoch
-otherwise.
+when the next one starts, sent to iolens as an ask file (``ask-<pid>-<n>.json``, n the
+number of its tuning, in the folder ``IOLENS_AUTOTUNE`` names); the epoch then waits for
+the answer (at most ``IOLENS_AUTOTUNE_WAIT_S``, 30 s; past that iolens is taken for gone
+and the loader is no longer tuned) and starts with the settings it holds. A persistent
+loader's workers are shut down first so that the new ones start; torch makes new workers
+each epoch otherwise.
 
 Only ``num_workers`` and ``prefetch_factor`` change: they are read anew by each epoch's
 iterator, and neither the sampler nor the dataset is touched, so each epoch sees the same
@@ -25,6 +25,7 @@ Pure standard library: imported inside the training process, only with ``--autot
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -69,7 +70,14 @@ class _Config:
 
 _loaders: dict[int, _Loader] = {}
 _alias: dict[int, int] = {}
-"""A loader's tag -> the tag its tuning goes by (NOTE [a loader made anew each epoch])."""
+"""A loader's tag -> the number its tuning goes by (NOTE [a loader made anew each
+epoch])."""
+_ids = itertools.count(1)
+"""Each tuning's number, in the ask and answer files' names (a loader's tag may pass to
+another loader, of another dataset, once its own is gone)."""
+_held: dict[int, weakref.ref[Any]] = {}
+"""A tag -> the loader that holds it now (a tag passes to a new loader once its own is
+gone)."""
 _by_kind: dict[tuple[str, str, Any], tuple[int, weakref.ref[Any]]] = {}
 """(dataset module, dataset class, batch size) -> (tuning tag, the loader it last served)."""
 _conf = _Config()
@@ -82,13 +90,14 @@ def _tuning_tag(loader: Any, tag: int) -> int:
     loader of the same dataset class and batch size as one that no longer exists goes on
     with that one's tuning, and takes the settings it had reached; one made beside another
     that lives (a validation loader of the training's dataset class) is tuned apart."""
-    got = _alias.get(tag)
-    if got is not None:
-        return got
+    held = _held.get(tag)
+    if held is not None and held() is loader:
+        return _alias[tag]
     ds = type(getattr(loader, "dataset", None))
     kind = (ds.__module__, ds.__qualname__, getattr(loader, "batch_size", None))
     prev = _by_kind.get(kind)
-    got = _alias[tag] = prev[0] if prev is not None and prev[1]() is None else tag
+    got = _alias[tag] = prev[0] if prev is not None and prev[1]() is None else next(_ids)
+    _held[tag] = weakref.ref(loader)
     _by_kind[kind] = (got, weakref.ref(loader))
     return got
 
