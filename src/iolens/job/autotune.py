@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iolens.rundir import write_atomic
+from iolens.training.autotune import settings_text
 
 KEEP_GAIN = 0.03
 """How much faster than the best epoch a trial epoch must be to be kept."""
@@ -185,7 +186,7 @@ class Tuner:
                 kept_now = True
             else:
                 entry["decision"] = (f"reverted: {(measured / best_rate - 1) * 100:+.1f}% against "
-                                     f"the best epoch before ({_text(best_settings)})")
+                                     f"the best epoch before ({settings_text(best_settings)})")
                 nxt = dict(best_settings)
                 t.settled = "a trial did not beat the best epoch"
             t.trial = t.trial_prediction = None
@@ -266,7 +267,7 @@ class Tuner:
             if want == settings or want in t.tried:
                 continue
             if not self._memory_allows(t, settings, want):
-                t.settled = (f"{_text(want)} would leave less than "
+                t.settled = (f"{settings_text(want)} would leave less than "
                              f"{MEMORY_FLOOR * 100:.0f}% of the memory available")
                 return None
             pred = r.prediction
@@ -309,6 +310,3 @@ def _rate(ask: dict[str, Any]) -> float | None:
         batches, seconds = batches - 1, seconds - first
     return batches / seconds if batches >= 1 and seconds > 0 else None
 
-
-def _text(settings: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in settings.items())

@@ -31,6 +31,7 @@ from iolens.analysis.rundata import RunData
 from iolens.analysis.verdict import device_load, diagnose, rank_figures
 from iolens.rundir import records as trecords
 from iolens.rundir.timing import TimingReader, TrainingAggregator
+from iolens.training.autotune import settings_text
 
 REPORT_SCHEMA = 1
 # Above this many bytes of per-batch timing files, distributions come from the
@@ -81,7 +82,7 @@ def autotune(meta: dict[str, Any]) -> list[dict[str, Any]] | None:
             got = e.get("prediction")
             pred: dict[str, Any] = got if isinstance(got, dict) else {}
             epochs.append({
-                "epoch": e.get("epoch"), "settings": _settings_text(e["settings"]),
+                "epoch": e.get("epoch"), "settings": settings_text(e["settings"]),
                 "predicted": _r(_float(pred.get("steps_per_s")), 2),
                 "low": _r(_float(pred.get("low")), 2), "high": _r(_float(pred.get("high")), 2),
                 "steps_per_s": _r(_float(e.get("steps_per_s")), 2),
@@ -90,14 +91,11 @@ def autotune(meta: dict[str, Any]) -> list[dict[str, Any]] | None:
         out.append({
             "dataset": str(t.get("dataset") or "?"), "epochs": epochs,
             "ended_on": ended,
-            "code": (f"DataLoader(..., {_settings_text(ended)})" if ended else None),
+            "code": (f"DataLoader(..., {settings_text(ended)})" if ended else None),
             "settled": t.get("settled") if isinstance(t.get("settled"), str) else None,
             "refused": t.get("refused") if isinstance(t.get("refused"), str) else None})
     return out
 
-
-def _settings_text(settings: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in settings.items())
 
 
 def _float(v: Any) -> float | None:

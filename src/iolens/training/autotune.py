@@ -151,7 +151,7 @@ def epoch_starts(loader: Any, tag: int) -> None:
                 st.refused = f"iolens did not answer within {_conf.wait_s:g} s"
                 print(f"iolens: --autotune stops for the DataLoader of "
                       f"{type(loader.dataset).__name__}: {st.refused}; it keeps "
-                      f"{overrides_text(current(loader))}", file=sys.stderr, flush=True)
+                      f"{settings_text(current(loader))}", file=sys.stderr, flush=True)
     elif st.refused is None and st.ran:  # a loader made anew: the settings reached so far
         apply(loader, st.ran)
     st.epoch += 1
@@ -197,7 +197,8 @@ def apply(loader: Any, settings: dict[str, Any]) -> None:
         loader.prefetch_factor = 2
 
 
-def overrides_text(settings: dict[str, Any]) -> str:
+def settings_text(settings: dict[str, Any]) -> str:
+    """``num_workers=4, prefetch_factor=2``: settings as a DataLoader call takes them."""
     return ", ".join(f"{k}={v}" for k, v in settings.items())
 
 
