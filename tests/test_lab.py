@@ -102,6 +102,45 @@ def run_case(tmp_path: Path, code: str, *args: str, sets: Sequence[str] = (),
     return json.loads(rep.stdout), out.stderr
 
 
+def disturbed(report: dict[str, Any]) -> float:
+    """How much of the machine's CPU time (%) a run lost to others: stolen by the host, or
+    used by processes not of the job (the recorder among them, 1-2%)."""
+    cpu = report["cpu"]
+    run = report["run"]
+    secs = float(run.get("duration_s") or 0) * int(run.get("cpus") or 1)
+    job = sum(float(p.get("cpu_pct") or 0) * float(p.get("seconds") or 0)
+              for p in report["processes"].values())
+    busy = float(cpu.get("user") or 0) + float(cpu.get("system") or 0)
+    return float(cpu.get("steal") or 0) + max(0.0, busy - job / secs if secs else 0.0)
+
+
+QUIET_MAX = 10.0
+"""The share of the CPU (%) taken from a run by others under which it stands for this
+machine (see `quiet_case`)."""
+
+
+def quiet_case(tmp_path: Path, code: str, *args: str, sets: Sequence[str] = (),
+               tries: int = 3) -> tuple[dict[str, Any], Path]:
+    """`run_case` for a job whose speed is its CPU: run in ``tmp_path/try<i>`` until a run
+    has lost under QUIET_MAX of the machine to others (`disturbed`), at most ``tries``
+    times; the least disturbed run's report and run directory.
+
+    A run on this machine shares its two cores with whatever else runs and with the host,
+    which in the clean-clone CI stole up to a third of them for minutes. There a cheaper
+    transform measured 54% above its prediction; three quiet pairs of the same runs here
+    measured within 5% of theirs."""
+    runs: list[tuple[float, dict[str, Any], Path]] = []
+    for i in range(tries):
+        d = tmp_path / f"try{i}"
+        d.mkdir(parents=True)
+        report, _ = run_case(d, code, *args, sets=sets)
+        runs.append((disturbed(report), report, d / "run"))
+        if runs[-1][0] < QUIET_MAX:
+            break
+    _, report, run = min(runs, key=lambda r: r[0])
+    return report, run
+
+
 @contextlib.contextmanager
 def noisy_reader(big: Path) -> Iterator[None]:
     """Another process that reads a 96 MiB file at ``big`` over and over, with direct I/O so

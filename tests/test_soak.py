@@ -33,6 +33,9 @@ MAX_GROWTH_BYTES = 1.5 * 2**20
 JOB = textwrap.dedent("""
     import sys, time, torch
     from torch.utils.data import DataLoader, Dataset
+    # One thread: torch's default pool spins between ops, and with it this job took half
+    # a core of the two the rest of the suite, running beside it, measures its lab cases on.
+    torch.set_num_threads(1)
 
     class Samples(Dataset):
         def __len__(self):
