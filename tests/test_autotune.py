@@ -304,6 +304,45 @@ def test_autotune_needs_the_instrumentation(tmp_path: Path) -> None:
     assert "--autotune works through the DataLoader's instrumentation" in out.stderr
 
 
+MONITORED = """
+import runpy, sys
+import torch  # imported before the recording starts, as a script's imports are
+import iolens
+script, out = sys.argv[1], sys.argv[2]
+sys.argv = [script, *sys.argv[3:]]
+with iolens.monitor(out=out, interval=0.5, autotune=True):
+    runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_monitor_autotunes_as_iolens_run_does(tmp_path: Path) -> None:
+    """``iolens.monitor(autotune=True)`` around the same training: more workers from the
+    second epoch, kept, the code's own order of samples, and the tuning in the run's
+    meta.json."""
+    pytest.importorskip("torch")
+    script = _script(tmp_path)
+    wrapper = tmp_path / "monitored.py"
+    wrapper.write_text(MONITORED)
+    run = tmp_path / "run"
+    out = subprocess.run([sys.executable, str(wrapper), str(script), str(run), "1", "0", "3"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=True)
+    epochs = _epochs(out.stdout)
+    assert epochs[0][0] == 1 and epochs[1][0] > 1, (out.stdout, out.stderr)
+    assert _order(out.stdout) == _order(_plain(script, "1", "0", "3").stdout)
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["mode"] == "monitor", meta
+    (t,) = meta["autotune"]["loaders"]
+    assert t["epochs"][0]["decision"] == "measured: the code's own settings", t
+    assert t["ended_on"]["num_workers"] == epochs[-1][0], (t, epochs)
+
+
+def test_monitor_autotune_needs_the_instrumentation() -> None:
+    import iolens
+
+    with pytest.raises(ValueError, match="autotune=True works through the DataLoader's"):
+        iolens.monitor(autotune=True, instrument=False)
+
+
 # -- the lab ----------------------------------------------------------------------------
 
 FUSE_EPOCHS = """

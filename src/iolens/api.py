@@ -52,7 +52,7 @@ class Monitor:
                  paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
                  instrument: bool = True, quiet: bool = False, mlflow: bool = False,
                  wandb: bool = False, settings: Mapping[str, Any] | None = None,
-                 set_loaders: Sequence[str] = ()) -> None:
+                 set_loaders: Sequence[str] = (), autotune: bool = False) -> None:
         if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
             raise ValueError(f"interval must be between {MIN_INTERVAL_S:g} and "
                              f"{MAX_INTERVAL_S:g} seconds, not {interval!r}")
@@ -74,6 +74,10 @@ class Monitor:
         if self.settings and not instrument:
             raise ValueError("set= works through the DataLoader's instrumentation: not with "
                              "instrument=False")
+        if autotune and not instrument:
+            raise ValueError("autotune=True works through the DataLoader's instrumentation: "
+                             "not with instrument=False")
+        self.autotune = bool(autotune)
         self.set_loaders = ([set_loaders] if isinstance(set_loaders, str)
                             else [str(n) for n in set_loaders])
         self._out = os.fspath(out) if out is not None else None
@@ -130,6 +134,8 @@ class Monitor:
             cmd.append("--mlflow")
         if self.wandb:
             cmd.append("--wandb")
+        if self.autotune:
+            cmd.append("--autotune")
         if self.settings:
             from iolens.training import overrides  # noqa: PLC0415
 
@@ -163,6 +169,10 @@ class Monitor:
             _hooks.start(os.path.join(self.run_dir, "timing"), flush_ms * 1_000_000)
             _hooks.set_errors_raise = True
             _hooks.use_settings(self.settings, self.set_loaders)
+            if self.autotune:
+                from iolens.training.autotune import FOLDER  # noqa: PLC0415
+
+                _hooks.use_autotune(os.path.join(self.run_dir, FOLDER))
             _hooks.install_import_hook()
         # NOTE [never hurt the job]: iolens' own import leaves some 30,000 new objects
         # waiting for the garbage collector's oldest generation. Left there, the job's
@@ -184,6 +194,8 @@ class Monitor:
             atexit.unregister(self._stop_at_exit)
         if self.instrument:
             _hooks.use_settings({}, [])
+            if self.autotune:
+                _hooks.use_autotune(None)
             _hooks.stop()
         proc = self._proc
         if proc is not None:
@@ -298,7 +310,7 @@ def monitor(out: str | os.PathLike[str] | None = None, interval: float = 1.0,
             paths: Sequence[str | os.PathLike[str]] = (), devices: Sequence[str] = (), *,
             instrument: bool = True, quiet: bool = False, mlflow: bool = False,
             wandb: bool = False, set: Mapping[str, Any] | None = None,
-            set_loaders: Sequence[str] = ()) -> Monitor:
+            set_loaders: Sequence[str] = (), autotune: bool = False) -> Monitor:
     """Record this process as ``iolens run`` would: ``with iolens.monitor(): train()``.
 
     ``out`` is the run directory (default ``iolens-runs/<time>-<script>``; one that
@@ -313,10 +325,13 @@ def monitor(out: str | os.PathLike[str] | None = None, interval: float = 1.0,
     run of iolens' own, as with ``--wandb``. ``set`` gives DataLoader settings that the
     loaders made while it records take instead of their own, as ``iolens run --set``
     (``{"num_workers": 4}``; ``set_loaders``: only the loaders of these dataset classes);
-    a setting iolens cannot set, or a value out of range, raises ValueError.
+    a setting iolens cannot set, or a value out of range, raises ValueError. With
+    ``autotune`` iolens picks num_workers and prefetch_factor between epochs, as with
+    ``iolens run --autotune`` (map-style datasets; the data and its order unchanged).
     """
     return Monitor(out, interval, paths, devices, instrument=instrument, quiet=quiet,
-                   mlflow=mlflow, wandb=wandb, settings=set, set_loaders=set_loaders)
+                   mlflow=mlflow, wandb=wandb, settings=set, set_loaders=set_loaders,
+                   autotune=autotune)
 
 
 class InstrumentedLoader(Generic[T]):

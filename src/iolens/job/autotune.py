@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iolens.rundir import write_atomic
-from iolens.training.autotune import settings_text
+from iolens.training.autotune import FOLDER, settings_text
 
 KEEP_GAIN = 0.03
 """How much faster than the best epoch a trial epoch must be to be kept."""
@@ -56,7 +56,6 @@ MODEL_RECORDS = 600
 epoch's last ten minutes, in about a second, where the whole of an hour's epoch would keep
 its next epoch waiting for the answer."""
 MAX_RECORDS = 2 * MODEL_RECORDS
-FOLDER = "autotune"
 
 
 @dataclass

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 import iolens
 from iolens.analysis.verdict import diagnose, verdict_lines
-from iolens.job.autotune import FOLDER as TUNE_FOLDER
 from iolens.job.autotune import Tuner
 from iolens.live.history import Header
 from iolens.live.view import LiveView, is_terminal
@@ -55,6 +54,7 @@ from iolens.sinks.state import LiveTotals, job_rank
 from iolens.sources.devmap import device_for_path
 from iolens.training import autotune as tune
 from iolens.training import overrides
+from iolens.training.autotune import FOLDER as TUNE_FOLDER
 
 if TYPE_CHECKING:
     from iolens.sinks.prometheus import Exporter
@@ -336,8 +336,8 @@ def run(opts: RunOptions) -> int:
                 view = _live_view(opts, recorder, run_dir, child.pid)
                 fan.add(_VIEW, CallbackSink(view.update, view.stop))
             if opts.autotune:
-                tuner = _tuner(opts, recorder, run_dir, warn)
-                wait = _asks_too(wait, tuner)
+                tuner = make_tuner(recorder, run_dir, opts.command, warn)
+                wait = asks_too(wait, tuner)
                 fan.add(_TUNER, CallbackSink(tuner.take, lambda: None))
             recorder.loop(wait, on_record=fan if fan.names else None)
             fan(recorder.sample())  # the last, partial interval
@@ -382,18 +382,19 @@ _VIEW = "the live view"
 _TUNER = "autotune"
 
 
-def _tuner(opts: RunOptions, recorder: Recorder, run_dir: RunDir,
-           warn: Callable[[str], None]) -> Tuner:
-    """The answers to the job's asks of ``--autotune``, from the model of what the
-    recorder has seen (NOTE [autotune between epochs] in iolens/training/autotune.py)."""
+def make_tuner(recorder: Recorder, run_dir: RunDir, command: Sequence[str],
+               warn: Callable[[str], None]) -> Tuner:
+    """The answers to the job's asks of ``--autotune`` (and ``monitor(autotune=True)``),
+    from the model of what the recorder has seen (NOTE [autotune between epochs] in
+    iolens/training/autotune.py)."""
     def meta() -> dict[str, Any]:
         return {"cpus": os.cpu_count(), "storage": recorder.storage_now,
-                "loaders": recorder.loaders(), "command": opts.command}
+                "loaders": recorder.loaders(), "command": list(command)}
 
     return Tuner(run_dir.path, meta, warn)
 
 
-def _asks_too(wait: Callable[[float], bool], tuner: Tuner) -> Callable[[float], bool]:
+def asks_too(wait: Callable[[float], bool], tuner: Tuner) -> Callable[[float], bool]:
     """``wait`` that also returns (False: sample now) when the job asks for its next
     epoch's settings, looking every ASK_POLL_S: an epoch waits for its answer."""
     def waiting(timeout: float) -> bool:

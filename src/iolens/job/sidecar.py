@@ -1,7 +1,7 @@
 """The sidecar that ``iolens.monitor()`` starts: records a process that is already running.
 
     python -m iolens.job.sidecar --pid PID --out DIR [--interval S] [--path P] [--device D]
-                                 [--mlflow] [--wandb]
+                                 [--mlflow] [--wandb] [--autotune]
 
 It samples like ``iolens run`` does, with PID as the root of the job's
 process tree, until it reads ``stop`` (or end of file) on its standard input,
@@ -24,18 +24,22 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Callable
 
+from iolens.job.autotune import Tuner
 from iolens.job.run import (
     TRACKERS,
     UNFINISHED,
+    asks_too,
     finish_run,
     finish_tracker,
     initial_watch,
+    make_tuner,
     open_tracker,
 )
 from iolens.recorder.sampler import Recorder
 from iolens.rundir import RunDir
-from iolens.sinks.base import FanOut, SinkError
+from iolens.sinks.base import CallbackSink, FanOut, SinkError
 from iolens.sources.procfs import pid_alive
 from iolens.training import overrides
 
@@ -110,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the figures, the verdict and the report into MLflow")
     ap.add_argument("--wandb", action="store_true",
                     help="the figures, the verdict and the report into a W&B run")
+    ap.add_argument("--autotune", action="store_true",
+                    help="answer the job's asks for its next epoch's loader settings")
     ap.add_argument("--command", action="append", default=[],
                     help="the monitored program's command line, for meta.json")
     ns = ap.parse_args(_glued(sys.argv[1:] if argv is None else argv))
@@ -136,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 fan.note(f"no --{name}: {exc}")
     control = _Control(ns.pid)
     recorder: Recorder | None = None
+    tuner: Tuner | None = None
     settings, loaders = overrides.from_env(ns.settings)
     given = {"set": settings or None, "set_loaders": loaders or None}
     try:
@@ -146,16 +153,23 @@ def main(argv: list[str] | None = None) -> int:
         run_dir.write_meta(recorder.base_meta(ns.command, {
             "mode": "monitor", "instrumented": ns.instrument, **given,
             "notes": [*recorder.notes, UNFINISHED]}))
+        wait: Callable[[float], bool] = control.wait
+        if ns.autotune and ns.instrument:
+            tuner = make_tuner(recorder, run_dir, ns.command, lambda m: say(f"warning: {m}"))
+            wait = asks_too(wait, tuner)
+            fan.add("autotune", CallbackSink(tuner.take, lambda: None))
         _ready()
-        recorder.loop(control.wait, on_record=fan if fan.names else None)
+        recorder.loop(wait, on_record=fan if fan.names else None)
         fan(recorder.sample())  # the last, partial interval
     except Exception as exc:  # noqa: BLE001 - NOTE [never hurt the job] in sampler.py
         print(f"iolens: monitor recording stopped: {exc!r}", file=sys.stderr)
         if recorder is not None:
             recorder.notes.append(f"recording stopped: {exc!r}")
     fan.close()
+    tuned = {"autotune": tuner.to_meta()} if tuner is not None else {}
     done = finish_run(run_dir, recorder, ns.command, {
-        "mode": "monitor", "instrumented": ns.instrument, **given, "ended": control.ended})
+        "mode": "monitor", "instrumented": ns.instrument, **given, **tuned,
+        "ended": control.ended})
     for message in done.warnings:
         say(message)
     for tracker in trackers:

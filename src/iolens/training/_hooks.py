@@ -1102,6 +1102,14 @@ def _tuner() -> ModuleType:
     return autotune
 
 
+def use_autotune(folder: str | None) -> None:
+    """``iolens.monitor(autotune=True)``: the loaders' settings between epochs through
+    ``folder`` (None: no more)."""
+    global _tuning
+    with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+        _tuning = _tuner().configure(folder)
+
+
 _settings: dict[str, Any] = {}
 _set_names: list[str] = []
 """The DataLoader settings ``iolens run --set`` (or ``monitor(set=...)``) gives, and the

@@ -38,6 +38,8 @@ from iolens.rundir import write_atomic
 
 ENV = "IOLENS_AUTOTUNE"
 """The folder the asks and answers go through; unset: no autotune."""
+FOLDER = "autotune"
+"""That folder's name in the run directory."""
 WAIT_ENV = "IOLENS_AUTOTUNE_WAIT_S"
 WAIT_S = 30.0
 POLL_S = 0.01
@@ -103,10 +105,20 @@ def _tuning_tag(loader: Any, tag: int) -> int:
 
 
 def enabled() -> bool:
-    """Whether ``iolens run --autotune`` asked for it (read from the environment)."""
-    _conf.folder = os.environ.get(ENV) or ""
+    """Whether ``iolens run --autotune`` asked for it (read from the environment), or
+    ``iolens.monitor(autotune=True)`` (:func:`configure`)."""
+    _conf.folder = os.environ.get(ENV) or _conf.folder
     with contextlib.suppress(ValueError):
         _conf.wait_s = max(0.1, min(60.0, float(os.environ.get(WAIT_ENV, WAIT_S))))
+    return bool(_conf.folder)
+
+
+def configure(folder: str | None) -> bool:
+    """``iolens.monitor(autotune=True)``: tune through ``folder`` from now on (None: no
+    more). Each recording's tuning starts anew."""
+    _conf.folder = folder or ""
+    for table in (_loaders, _alias, _held, _by_kind):
+        table.clear()
     return bool(_conf.folder)
 
 
