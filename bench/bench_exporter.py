@@ -29,9 +29,9 @@ import time
 import urllib.request
 from typing import Any
 
-from iolens.core.counters import DiskCounters
+from iolens.recorder.totals import ExportState, Histogram, RankState, RoleState
 from iolens.sinks.prometheus import Exporter, ExportLabels, IolensCollector
-from iolens.sinks.state import ExportState, Histogram, RankState, RoleState
+from iolens.sources.counters import DiskCounters
 from iolens.sources.procfs import CpuTimes, ProcIO
 
 DEVICES, WORKERS, RANKS, RECENT = 16, 16, 8, 60

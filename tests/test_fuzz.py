@@ -32,11 +32,11 @@ from iolens._errors import IolensError
 from iolens.analysis import compare as C
 from iolens.analysis.longrun import fold_records
 from iolens.analysis.rundata import RunData, load_run
-from iolens.core.counters import COUNT_MOD, TIME_MOD, DiskCounters, DiskSnapshot
 from iolens.core.rates import device_rates, snapshot_rates
 from iolens.report.build import build_report
 from iolens.rundir import records as trecords
 from iolens.rundir.timing import TimingReader, TrainingAggregator
+from iolens.sources.counters import COUNT_MOD, TIME_MOD, DiskCounters, DiskSnapshot
 from iolens.sources.devmap import parse_mountinfo
 from iolens.sources.diskstats import DiskstatsParser, parse_diskstats, parse_stat_file
 from iolens.sources.procfs import (

@@ -615,8 +615,8 @@ def test_top_stops_quietly_when_its_reader_goes_away() -> None:
 
 
 def test_top_watches_the_disks_that_did_io_like_iostat() -> None:
-    from iolens.core.counters import DiskSnapshot
     from iolens.core.devselect import select_devices
+    from iolens.sources.counters import DiskSnapshot
     from iolens.sources.disk import DiskSampler
 
     sampler = DiskSampler()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from iolens import StatsUnavailableError
-from iolens.core.counters import TIME_MOD
+from iolens.sources.counters import TIME_MOD
 from iolens.sources.diskstats import (
     DiskstatsParser,
     DiskstatsReader,

@@ -27,6 +27,7 @@ import pytest
 
 from iolens.analysis.verdict import NO_STEPS, PRIMARY_CLASSES
 from iolens.recorder.sampler import Recorder
+from iolens.recorder.totals import BUCKETS_S, ExportState, Histogram, LiveTotals, RankState
 from iolens.rundir import records
 from iolens.sinks.prometheus import (
     Exporter,
@@ -34,7 +35,6 @@ from iolens.sinks.prometheus import (
     IolensCollector,
     parse_listen,
 )
-from iolens.sinks.state import BUCKETS_S, ExportState, Histogram, LiveTotals, RankState
 from iolens.sources.procfs import CLK_TCK, CpuTimes
 from tests.conftest import need
 from tests.kernelfake import FakeDevice, FakeSnapshot, counters

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from iolens import DiskCounters, DiskSnapshot, device_rates, snapshot_rates
-from iolens.core.counters import COUNT_MOD, TIME_MOD
 from iolens.core.rates import interval_cs, was_reset
+from iolens.sources.counters import COUNT_MOD, TIME_MOD
 
 
 def dc(name: str = "sda", **kw: int) -> DiskCounters:

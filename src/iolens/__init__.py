@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from iolens._errors import IolensError, StatsUnavailableError, UnknownDeviceError
 from iolens._seed import get_disk_usage
+from iolens._version import __version__
 from iolens.api import (
     DiskLogger,
     InstrumentedLoader,
@@ -17,12 +18,10 @@ from iolens.api import (
     monitor,
     step,
 )
-from iolens.core.counters import DiskCounters, DiskSnapshot
 from iolens.core.rates import DeviceRates, device_rates, snapshot_rates
+from iolens.sources.counters import DiskCounters, DiskSnapshot
 from iolens.sources.devmap import DeviceMapping, device_for_path
 from iolens.sources.disk import DiskSampler, read_snapshot_dir
-
-__version__ = "0.1.0"
 
 __all__ = [
     "DeviceMapping",

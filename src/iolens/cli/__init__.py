@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from iolens import __version__
+from iolens._version import __version__
 from iolens.cli import compare as compare_cmd
 from iolens.cli import doctor as doctor_cmd
 from iolens.cli import exporter as exporter_cmd

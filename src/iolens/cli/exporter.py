@@ -14,6 +14,7 @@ from types import FrameType
 from iolens.cli._checks import INTERVAL_RANGE, check_interval, check_watch
 from iolens.live.top import TopOptions, command_line, process_exists, top_watch
 from iolens.recorder.sampler import Recorder
+from iolens.recorder.totals import LiveTotals, job_rank
 from iolens.sinks.base import SinkError
 from iolens.sinks.prometheus import (
     DEFAULT_PORT,
@@ -24,7 +25,6 @@ from iolens.sinks.prometheus import (
     parse_listen,
     require_client,
 )
-from iolens.sinks.state import LiveTotals, job_rank
 
 _EPILOG = """\
 Serves http://HOST:PORT/metrics in the Prometheus text format until

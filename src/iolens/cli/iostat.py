@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from iolens._errors import StatsUnavailableError, UnknownDeviceError
-from iolens.core.counters import DiskSnapshot
 from iolens.core.devselect import select_devices
 from iolens.core.rates import snapshot_rates
 from iolens.sinks.iostat import json_report, text_report
+from iolens.sources.counters import DiskSnapshot
 from iolens.sources.devmap import device_for_path
 from iolens.sources.disk import DiskSampler, read_snapshot_dir
 from iolens.sources.sysblock import Topology, guess_topology, read_topology

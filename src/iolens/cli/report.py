@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import stat
 import sys
 from typing import Any
@@ -113,7 +112,9 @@ def run(ns: argparse.Namespace) -> int:
             output = os.path.join(data.path, "report.html")
             default_output = True
     else:
-        text = _render_text(report, to_terminal=output is None)
+        from iolens.report.text import render_text  # noqa: PLC0415 - rich for text only
+
+        text = render_text(report, to_terminal=output is None)
     try:
         if output:
             _write_atomic(output, text, streams=not default_output)
@@ -145,7 +146,9 @@ def _run_multi(ns: argparse.Namespace, build: Any) -> int:
     if ns.format == "json":
         text = json.dumps(report, indent=2, allow_nan=False) + "\n"
     else:
-        text = _render_text(report, to_terminal=ns.output is None, multi=True)
+        from iolens.report.text import render_text  # noqa: PLC0415 - rich for text only
+
+        text = render_text(report, to_terminal=ns.output is None, multi=True)
     try:
         if ns.output:
             _write_atomic(ns.output, text)
@@ -157,30 +160,3 @@ def _run_multi(ns: argparse.Namespace, build: Any) -> int:
               f"{exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0
-
-
-def _columns(default: int) -> int:
-    """COLUMNS from the environment (40 to 1000), else ``default``."""
-    try:
-        n = int(os.environ.get("COLUMNS", ""))
-    except ValueError:
-        return default
-    return n if 40 <= n <= 1000 else default
-
-
-def _render_text(report: dict[str, object], *, to_terminal: bool, multi: bool = False) -> str:
-    import io  # noqa: PLC0415
-
-    from rich.console import Console  # noqa: PLC0415 - rich only for the text format
-
-    from iolens.report.text import print_multi, print_report  # noqa: PLC0415
-
-    buf = io.StringIO()
-    tty = to_terminal and sys.stdout.isatty()
-    # A terminal's width; elsewhere COLUMNS where it is set (the width a pipe or a CI log
-    # is read at), else 120.
-    width = shutil.get_terminal_size().columns if tty else _columns(120)
-    console = Console(file=buf, force_terminal=tty, width=width,
-                      color_system="auto" if tty else None, highlight=False)
-    (print_multi if multi else print_report)(report, console)
-    return buf.getvalue()

@@ -100,7 +100,8 @@ def check_source_arguments(ns: argparse.Namespace) -> tuple[int, ...]:
 
 def load_source(ns: argparse.Namespace, shape: tuple[int, ...]) -> Any:
     """The Source the options name; raises SpecError (a usage error) when they cannot."""
-    from iolens.loaderbench.source import dataset_source, folder_source  # noqa: PLC0415
+    from iolens.loaderbench.folder import folder_source  # noqa: PLC0415
+    from iolens.loaderbench.source import dataset_source  # noqa: PLC0415
 
     if ns.dataset is not None:
         return dataset_source(ns.dataset)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from iolens.core.counters import DiskCounters, DiskSnapshot
+from iolens.sources.counters import DiskCounters, DiskSnapshot
 from iolens.sources.sysblock import Topology, sysfs_name
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from iolens.core.counters import COUNT_MOD, TIME_MOD, DiskCounters, DiskSnapshot, zero_counters
+from iolens.sources.counters import COUNT_MOD, TIME_MOD, DiskCounters, DiskSnapshot, zero_counters
 
 
 @dataclass(slots=True)

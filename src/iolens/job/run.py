@@ -34,13 +34,13 @@ from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import iolens
 from iolens.analysis.verdict import diagnose, verdict_lines
 from iolens.job.autotune import Tuner
 from iolens.live.history import Header
 from iolens.live.view import LiveView, is_terminal
 from iolens.recorder.sampler import Recorder
 from iolens.recorder.summary import summarize, summary_lines
+from iolens.recorder.totals import LiveTotals, job_rank
 from iolens.rundir import (
     RECORDS,
     RunDir,
@@ -50,7 +50,6 @@ from iolens.rundir import (
     write_atomic,
 )
 from iolens.sinks.base import CallbackSink, FanOut, Sink
-from iolens.sinks.state import LiveTotals, job_rank
 from iolens.sources.devmap import device_for_path
 from iolens.training import autotune as tune
 from iolens.training import overrides
@@ -197,6 +196,10 @@ def initial_watch(paths: list[str], devices: list[str], proc_root: str = "/proc"
     return watch, notes
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The iolens package's folder (its bootstrap is there)."""
+
+
 def child_env(run_dir: str, interval: float, instrument: bool,
               spare: str | None = None, *, settings: dict[str, Any] | None = None,
               set_loaders: Sequence[str] = (), autotune: bool = False) -> dict[str, str]:
@@ -215,7 +218,7 @@ def child_env(run_dir: str, interval: float, instrument: bool,
     if instrument and spare is not None:
         env["IOLENS_TIMING_SPARE"] = spare
     if instrument:
-        boot = os.path.join(os.path.dirname(os.path.abspath(iolens.__file__)), "_bootstrap")
+        boot = os.path.join(_PACKAGE, "_bootstrap")
         old = env.get("PYTHONPATH")
         env["PYTHONPATH"] = boot + (os.pathsep + old if old else "")
         env["IOLENS_PKG_PARENT"] = os.path.dirname(os.path.dirname(boot))

@@ -30,11 +30,11 @@ from types import FrameType
 from typing import Any, TextIO
 
 from iolens._errors import StatsUnavailableError
-from iolens.core.counters import DiskSnapshot
 from iolens.core.devselect import select_devices
 from iolens.live.history import Header, History
 from iolens.live.view import LiveView, is_terminal
 from iolens.recorder.sampler import Recorder
+from iolens.sources.counters import DiskSnapshot
 from iolens.sources.devmap import device_for_path
 from iolens.sources.disk import DiskSampler
 from iolens.sources.procfs import ProcessTable

@@ -21,7 +21,7 @@ import os
 import torch
 from torch.utils.data import Dataset
 
-from iolens.loaderbench.source import SpecError
+from iolens.loaderbench.source import Source, SpecError
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif",
                               ".tiff"})
@@ -109,3 +109,10 @@ def decode_image(raw: bytes, shape: tuple[int, ...]) -> torch.Tensor:
         buf = bytearray(pic.tobytes())
     return torch.frombuffer(buf, dtype=torch.uint8).view(height, width, channels) \
         .permute(2, 0, 1).float().div_(255)
+
+
+def folder_source(root: str, decode: str, shape: tuple[int, ...]) -> Source:
+    """The built-in dataset over a class-folder of files (``--folder DIR``)."""
+    ds = FolderDataset(root, decode=decode, shape=shape)
+    return Source(ds, f"folder {root} ({len(ds)} files, {ds.decode} decode to "
+                      f"{'x'.join(map(str, shape))})", [p for p, _ in ds.items])

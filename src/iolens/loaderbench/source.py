@@ -91,15 +91,6 @@ def dataset_source(spec: str) -> Source:
     return Source(check_dataset(ds, f"--dataset {spec!r}"), spec, [])
 
 
-def folder_source(root: str, decode: str, shape: tuple[int, ...]) -> Source:
-    """The built-in dataset over a class-folder of files (``--folder DIR``)."""
-    from iolens.loaderbench.folder import FolderDataset  # noqa: PLC0415
-
-    ds = FolderDataset(root, decode=decode, shape=shape)
-    return Source(ds, f"folder {root} ({len(ds)} files, {ds.decode} decode to "
-                      f"{'x'.join(map(str, shape))})", [p for p, _ in ds.items])
-
-
 @dataclass
 class ModelStep:
     """A model and its loss, to run the training step (forward, backward, optimizer)."""

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iolens._errors import StatsUnavailableError
-from iolens.core.counters import DiskSnapshot
+from iolens._version import __version__
 from iolens.core.rates import DeviceRates, snapshot_rates
 from iolens.recorder.storage import StorageWatch
+from iolens.recorder.totals import LiveTotals
 from iolens.rundir import SCHEMA_VERSION, RunDir, rfc3339
 from iolens.rundir.timing import TimingReader, TrainingAggregator
-from iolens.sinks.state import LiveTotals
+from iolens.sources.counters import DiskSnapshot
 from iolens.sources.devmap import device_for_path
 from iolens.sources.disk import DiskSampler
 from iolens.sources.gpu import GpuReader
@@ -789,8 +790,6 @@ class Recorder:
 
 
 def _version() -> str:
-    from iolens import __version__  # noqa: PLC0415 - iolens/__init__ imports this module's users
-
     return __version__
 
 

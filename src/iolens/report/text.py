@@ -7,8 +7,12 @@ prints as it is.
 
 from __future__ import annotations
 
+import io
+import os
 import re
 import shlex
+import shutil
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -425,3 +429,26 @@ def render_multi(report: dict[str, Any]) -> RenderableType:
 def print_multi(report: dict[str, Any], console: Console) -> None:
     """Print the report over several runs to ``console``; see :func:`printable`."""
     console.print(render_multi(printable(report)))
+
+
+def render_text(report: dict[str, Any], *, to_terminal: bool, multi: bool = False) -> str:
+    """The text report of ``report`` (``multi``: of several runs), for standard output
+    where ``to_terminal`` (colours and the terminal's width when it is one), else plain."""
+    buf = io.StringIO()
+    tty = to_terminal and sys.stdout.isatty()
+    # A terminal's width; elsewhere COLUMNS where it is set (the width a pipe or a CI log
+    # is read at), else 120.
+    width = shutil.get_terminal_size().columns if tty else _columns(120)
+    console = Console(file=buf, force_terminal=tty, width=width,
+                      color_system="auto" if tty else None, highlight=False)
+    (print_multi if multi else print_report)(report, console)
+    return buf.getvalue()
+
+
+def _columns(default: int) -> int:
+    """COLUMNS from the environment (40 to 1000), else ``default``."""
+    try:
+        n = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        return default
+    return n if 40 <= n <= 1000 else default

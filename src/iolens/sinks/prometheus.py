@@ -18,7 +18,7 @@ prometheus-client is optional: this module imports it only where it is
 used, and :func:`require_client` says what to install when it is missing.
 The collector has its own registry, never the process-wide default one.
 
-NOTE [scrapes never block sampling] (in :mod:`iolens.sinks.state`): the
+NOTE [scrapes never block sampling] (in :mod:`iolens.recorder.totals`): the
 collector only takes the latest published state; building the answer runs
 in the server's request thread.
 """
@@ -37,8 +37,9 @@ from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from iolens._version import __version__
+from iolens.recorder.totals import ExportState, HistogramState
 from iolens.sinks.base import SinkError
-from iolens.sinks.state import ExportState, HistogramState
 from iolens.sources.procfs import CLK_TCK
 
 if TYPE_CHECKING:
@@ -222,8 +223,6 @@ class IolensCollector:
             GaugeMetricFamily,
             InfoMetricFamily,
         )
-
-        from iolens import __version__  # noqa: PLC0415 - iolens/__init__ is not loaded here yet
 
         base = self._base
         info = InfoMetricFamily("iolens_build", "The iolens version serving these metrics.",

@@ -429,9 +429,9 @@ def report_file(path: str, tmp: str) -> str:
 
         text, name = render_html(report, data.records, plotlyjs=plotly_js()), "report.html"
     except IolensError:
-        from iolens.cli.report import _render_text  # noqa: PLC0415
+        from iolens.report.text import render_text  # noqa: PLC0415
 
-        text, name = _render_text(report, to_terminal=False), "report.txt"
+        text, name = render_text(report, to_terminal=False), "report.txt"
     out = os.path.join(tmp, name)
     with open(out, "w", encoding="utf-8") as fh:
         fh.write(text)

@@ -6,8 +6,8 @@ import os
 import time
 
 from iolens._errors import StatsUnavailableError
-from iolens.core.counters import DiskSnapshot
 from iolens.sources._files import read_text
+from iolens.sources.counters import DiskSnapshot
 from iolens.sources.diskstats import DiskstatsReader, ParseResult, parse_diskstats
 from iolens.sources.sysblock import SysBlockReader, Topology, guess_topology, read_topology
 from iolens.sources.uptime import UptimeReader, parse_uptime_cs

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from iolens.core.counters import COUNT_MOD, TIME_MOD, DiskCounters
 from iolens.sources._files import PreadFile
+from iolens.sources.counters import COUNT_MOD, TIME_MOD, DiskCounters
 
 # Counter positions (0-based, after major, minor and name) that hold times.
 _TIME_FIELDS = frozenset({3, 7, 9, 10, 14, 16})

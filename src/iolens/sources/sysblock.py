@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass, field
 
 from iolens._errors import StatsUnavailableError
-from iolens.core.counters import DiskCounters
 from iolens.sources._files import PreadFile, read_text
+from iolens.sources.counters import DiskCounters
 from iolens.sources.diskstats import ParseResult, parse_stat_file
 
 

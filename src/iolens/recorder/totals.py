@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from iolens.core.counters import DiskCounters, DiskSnapshot
 from iolens.rundir.timing import TrainingAggregator
+from iolens.sources.counters import DiskCounters, DiskSnapshot
 from iolens.sources.procfs import CLK_TCK, CpuTimes, ProcIO
 
 BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
