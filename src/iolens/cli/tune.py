@@ -100,11 +100,12 @@ def check_source_arguments(ns: argparse.Namespace) -> tuple[int, ...]:
 
 def load_source(ns: argparse.Namespace, shape: tuple[int, ...]) -> Any:
     """The Source the options name; raises SpecError (a usage error) when they cannot."""
-    from iolens.loaderbench.folder import folder_source  # noqa: PLC0415
-    from iolens.loaderbench.source import dataset_source  # noqa: PLC0415
-
     if ns.dataset is not None:
+        from iolens.loaderbench.source import dataset_source  # noqa: PLC0415
+
         return dataset_source(ns.dataset)
+    from iolens.loaderbench.folder import folder_source  # noqa: PLC0415
+
     return folder_source(ns.folder, ns.decode, shape)
 
 
