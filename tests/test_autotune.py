@@ -198,6 +198,27 @@ def test_asks_are_read_once_each_and_a_refusal_is_kept(tmp_path: Path) -> None:
     assert [t["pid"] for t in refused] == [11]
 
 
+def test_an_ask_left_pending_does_not_keep_the_recorder_from_its_stop() -> None:
+    """An ask whose sample failed stays pending: the recorder's wait wakes for it at most
+    every ASK_POLL_S and between those looks at the job's end (monitor()'s stop word)."""
+    from iolens.job.run import asks_too
+
+    class Pending:
+        def asked(self) -> bool:
+            return True
+
+    looked: list[float] = []
+
+    def wait(timeout: float) -> bool:  # the job ends at the second look
+        looked.append(timeout)
+        return len(looked) >= 2
+
+    waiting = asks_too(wait, Pending())  # type: ignore[arg-type]
+    assert waiting(1.0) is False and not looked  # the ask: sample now
+    assert waiting(1.0) is True and len(looked) == 2, looked  # (the stub takes no time)
+    assert waiting(0.0) is True and looked[-1] == 0.0  # a wait of no time still looks
+
+
 # -- real runs --------------------------------------------------------------------------
 
 

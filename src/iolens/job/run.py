@@ -399,15 +399,21 @@ def make_tuner(recorder: Recorder, run_dir: RunDir, command: Sequence[str],
 
 def asks_too(wait: Callable[[float], bool], tuner: Tuner) -> Callable[[float], bool]:
     """``wait`` that also returns (False: sample now) when the job asks for its next
-    epoch's settings, looking every ASK_POLL_S: an epoch waits for its answer."""
+    epoch's settings, looking every ASK_POLL_S: an epoch waits for its answer. An ask
+    still pending (its sample failed) wakes it at most every ASK_POLL_S, so that ``wait``
+    (the job's end, monitor()'s stop word) is still looked at."""
+    woke = [0.0]
+
     def waiting(timeout: float) -> bool:
         end = time.monotonic() + timeout
         while True:
-            if tuner.asked():
+            now = time.monotonic()
+            if now - woke[0] >= ASK_POLL_S and tuner.asked():
+                woke[0] = now
                 return False
             left = end - time.monotonic()
             if left <= 0:
-                return False
+                return wait(0.0)
             if wait(min(left, ASK_POLL_S)):
                 return True
 
