@@ -108,15 +108,20 @@ def enabled() -> bool:
     """Whether ``iolens run --autotune`` asked for it (read from the environment), or
     ``iolens.monitor(autotune=True)`` (:func:`configure`)."""
     _conf.folder = os.environ.get(ENV) or _conf.folder
+    _read_wait()
+    return bool(_conf.folder)
+
+
+def _read_wait() -> None:
     with contextlib.suppress(ValueError):
         _conf.wait_s = max(0.1, min(60.0, float(os.environ.get(WAIT_ENV, WAIT_S))))
-    return bool(_conf.folder)
 
 
 def configure(folder: str | None) -> bool:
     """``iolens.monitor(autotune=True)``: tune through ``folder`` from now on (None: no
     more). Each recording's tuning starts anew."""
     _conf.folder = folder or ""
+    _read_wait()
     for table in (_loaders, _alias, _held, _by_kind):
         table.clear()
     return bool(_conf.folder)
