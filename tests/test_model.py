@@ -492,9 +492,15 @@ def test_workers_added_to_a_run_without_any_pay_each_epochs_first_batch() -> Non
 def test_fewer_workers_queue_less_for_the_cores() -> None:
     """Six workers on 2 cores, 3 ms of each 6 ms fetch waiting for a core: two of them (and
     the loop) outnumber the cores by 0.5 where the six did by 2.5, so a fifth of the wait
-    stays; more workers keep it all."""
-    f = dataclasses.replace(BASE, workers=6, fetch_s=0.006, fetch_queue_s=0.003)
+    stays; and as many as the cores count a sample's CPU (2 ms) 10% lower (NOTE [workers
+    beyond the cores]). Three keep the CPU as it is; more workers keep it all."""
+    f = dataclasses.replace(BASE, workers=6, fetch_s=0.006, fetch_cpu_s=0.002,
+                            fetch_queue_s=0.003)
     two = pm.more_workers(2)(f)
     assert two.fetch_queue_s == pytest.approx(0.003 * 0.2)
-    assert two.fetch_s == pytest.approx(0.006 - 0.003 * 0.8)
+    assert two.fetch_cpu_s == pytest.approx(0.002 * 0.9)
+    assert two.fetch_s == pytest.approx(0.006 - 0.003 * 0.8 - 0.0002)
+    three = pm.more_workers(3)(f)
+    assert three.fetch_cpu_s == pytest.approx(0.002)
+    assert three.fetch_queue_s == pytest.approx(0.003 * 1.0 / 2.5)
     assert pm.more_workers(8)(f).fetch_s == pytest.approx(0.006)

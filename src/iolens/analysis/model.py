@@ -243,8 +243,11 @@ def more_workers(n: int) -> Change:
             g0 = max(0.0, (f.workers + 1) / f.cores - 1)
             k = min(1.0, max(0.0, (n + 1) / f.cores - 1) / g0) if g0 > 0 else 1.0
             saved = f.fetch_queue_s * (1 - k)
-            return dataclasses.replace(f, workers=n, fetch_s=f.fetch_s - saved,
-                                       fetch_queue_s=f.fetch_queue_s - saved)
+            out = dataclasses.replace(f, workers=n, fetch_s=f.fetch_s - saved,
+                                      fetch_queue_s=f.fetch_queue_s - saved)
+            if _sheds_extra_workers(f, n):  # NOTE [workers beyond the cores]
+                out = cheaper_fetch(1 - CORES_TOGETHER_LOSS / 2)(out)
+            return out
         if f.workers or n == 0:
             return dataclasses.replace(f, workers=n)
         hand = max(f.handover_s, HANDOVER_PRIOR_S)
@@ -252,6 +255,21 @@ def more_workers(n: int) -> Change:
                                    main_cpu_s=f.main_cpu_s + hand - f.handover_s,
                                    loader_cpu_s=f.loader_cpu_s + WORKER_BATCH_CPU_PRIOR_S)
     return apply
+
+
+"""NOTE [workers beyond the cores]: workers that outnumber the job's cores each cost CPU of
+their own beyond their samples (switches between them, caches they evict from each other):
+six JPEG workers on 2 cores spent 19% more CPU a sample than two. One run does not tell
+how much, so a change to as many workers as cores or fewer counts a sample's CPU halfway
+down CORES_TOGETHER_LOSS (the cores' loss when kept busy together), and its interval is
+wider by that half either way (added to its other errors in quadrature)."""
+
+
+def _sheds_extra_workers(f: Figures, n: int) -> bool:
+    """Whether ``n`` workers are fewer than the run's, and as many as the job's cores or
+    fewer, where the run's queued for the cores (NOTE [workers beyond the cores])."""
+    return (f.cores is not None and f.fetch_queue_s > 0 and f.workers > f.cores
+            and 0 < n < f.workers and n <= max(1, round(f.cores)))
 
 
 def cached() -> Change:
@@ -668,6 +686,13 @@ class Model:
                f"and the model's error of {err * 100:.0f}% "
                + ("on the lab cases" if err == MODEL_ERROR else "on this run as it was"))
         shared = self._cores_shared(change(self.whole), point)
+        if _sheds_extra_workers(self.whole, change(self.whole).workers):
+            half = CORES_TOGETHER_LOSS / 2
+            lo, hi = math.hypot(lo, half), math.hypot(hi, half)
+            how += (f"; the workers beyond the cores cost CPU of their own: with fewer, a "
+                    f"sample's CPU counted {half * 100:.0f}% lower (0-"
+                    f"{CORES_TOGETHER_LOSS * 100:.0f}% seen in the lab), and the interval "
+                    f"wider by {half * 100:.0f}% either way")
         low, high = point * max(0.0, 1 - lo), point * (1 + hi)
         if shared is not None:
             low = point * max(0.0, 1 - math.hypot(lo, CORES_TOGETHER_LOSS))

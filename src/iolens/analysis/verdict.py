@@ -834,7 +834,7 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
             v.evidence.append(fetch_text(pipe))
         fewer = _fewer_workers(v, pipe, workers)
         if fewer is not None:
-            v.recommendations.append(fewer)
+            v.offer(fewer)
         target = v.model.workers_to_next_limit() if v.model is not None else None
         if fewer is None and target is not None and target > workers:
             v.offer(_raise_workers(v, workers, target, f"{free:.1f} cores are idle while "
@@ -961,8 +961,9 @@ def _fewer_workers(v: Verdict, pipe: Pipeline | None, workers: int) -> Recommend
     """Fewer workers, as many as the job has cores, where more workers than that queue for
     the cores (NOTE [a fetch that waits for a core] in iolens/analysis/pipeline.py): each
     process beyond the cores costs CPU of its own (switches, caches, its epoch start) and
-    takes the loop's core from it. The model's CPU per sample is the run's, which fewer
-    workers change by an amount one run cannot tell: no prediction, a measurement."""
+    takes the loop's core from it. The model takes the workers' wait for a core away in
+    proportion, and counts a sample's CPU halfway down what the extra workers may cost
+    (NOTE [workers beyond the cores] in iolens/analysis/model.py)."""
     f = v.model.whole if v.model is not None else None
     queued = pipe.fetch_queue_share if pipe is not None else None
     if f is None or f.cores is None or queued is None or queued < rules.FETCH_QUEUED:
@@ -970,14 +971,14 @@ def _fewer_workers(v: Verdict, pipe: Pipeline | None, workers: int) -> Recommend
     n = max(1, round(f.cores))
     if workers <= n:
         return None
-    return Recommendation(
+    return v.fix(
         f"lower num_workers from {workers} to {n}",
         f"{plural(workers, 'worker')} on the {f.cores:.1f} cores the job has queue for them: "
         f"{queued * 100:.0f}% of each fetch waited for a core, and the loop "
         f"{f.compute_delay_s * 1000:.1f} ms of its {f.compute_s * 1000:.1f} ms step; each "
         "worker beyond the cores costs CPU of its own", "the CPU the extra workers cost",
-        None, "the CPU per sample with fewer workers is not in this run's figures: measure "
-        "it (iolens compare this run with the next)", {"num_workers": n})
+        {"num_workers": n}, pm.more_workers(n),
+        basis=[f"{n} workers, their wait for a core shrunk to what {n} leave"])
 
 
 def _probe_for(meta: dict[str, Any], storage: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

@@ -17,8 +17,8 @@ measured:
   iolens.analysis.verdict, the same advice ``iolens run`` prints at the end), whose
   first recommendation that is a change of num_workers or prefetch_factor, not tried
   yet, is tried next when it predicts at least MIN_GAIN over the measured rate, or
-  predicts nothing ("lower num_workers", "raise prefetch_factor": the model cannot
-  size them, the epoch measures them). The model holds the bounds: it does not add
+  predicts nothing ("raise prefetch_factor": the model cannot size it, the epoch
+  measures it). The model holds the bounds: it does not add
   workers where the cores, the storage or the step bind, and its worker counts stop
   at the next limit; more workers are not tried where they would leave less than 10%
   of the memory available (NOTE [workers and memory]).
@@ -270,7 +270,7 @@ class Tuner:
                              f"{MEMORY_FLOOR * 100:.0f}% of the memory available")
                 return None
             pred = r.prediction
-            if pred is None:  # (fewer workers, a deeper prefetch: the epoch measures them)
+            if pred is None:  # (a deeper prefetch: the epoch measures it)
                 return change, None
             if pred.steps_per_s >= measured * (1 + MIN_GAIN):
                 return change, pred.to_dict()
