@@ -480,3 +480,17 @@ def test_the_sequential_reads_are_the_devices_readahead_window(tmp_path: Path) -
                    None: REQUEST_BYTES}
     (tmp_path / "devices" / "loop0" / "queue" / "read_ahead_kb").write_text("4096")
     assert sequential_request_bytes("loop01", str(tmp_path)) == 4 << 20  # its partition
+
+
+def test_packed_files_are_read_at_the_jobs_sample_size(tmp_path: Path) -> None:
+    """One file of 8 MiB that a job read 64 KiB a sample of (HDF5, LMDB): the random reads
+    are 64 KiB, not the file's first 4 MiB, which on a device that limits requests read as
+    a bandwidth limit. Files a few samples large keep their own size."""
+    data = tmp_path / "data"
+    write_files(data, 1, 8 << 20, prefix="pack")
+    packed = sp.probe_storage(str(data), seconds=1, sample_bytes=65_000)
+    assert packed.sample_bytes == 64 << 10, packed.notes
+    assert any("the job's bytes per sample" in n for n in packed.notes), packed.notes
+    whole = sp.probe_storage(str(data), seconds=1, sample_bytes=1 << 20)
+    assert whole.sample_bytes == 4 << 20, whole.notes
+    assert sp.probe_storage(str(data), seconds=1).sample_bytes == 4 << 20

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from iolens._errors import IolensError
 from iolens.cli.tune import (
     add_source_arguments,
     check_source_arguments,
@@ -67,7 +68,9 @@ the storage alone (--storage PATH, instead of the stages; no --dataset, --folder
     rate       they do not: a fixed ceiling of requests/s; fewer, larger requests help
     unknown    too few reads (under 20 a phase) to tell, or the reads came from memory
   --run DIR also writes the result to DIR/storage_probe.json, DIR being the run directory
-  of an iolens run (holding its meta.json), beside that run's records.
+  of an iolens run (holding its meta.json), beside that run's records; where the files
+  are packs (32 of the run's samples large or more: HDF5, LMDB, one big file), the random
+  reads are the run's bytes per sample.
 
 exit codes: 0 measured, 1 the dataset failed while it was read (--storage: the probe
 failed, or --run's file could not be written), 2 bad arguments (a
@@ -130,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="random reads in flight in the parallel phase (default 8)")
     storage.add_argument("--run", metavar="DIR",
                          help=f"also write the result to DIR/{STORAGE_PROBE}, DIR being an "
-                              "iolens run directory")
+                              "iolens run directory; in packed files, random reads of its "
+                              "bytes per sample")
     return p
 
 
@@ -211,9 +215,11 @@ def _run_storage(ns: argparse.Namespace) -> int:
             p.error(f"--run {ns.run}: not an iolens run directory (no {META} in it)")
     from iolens.loaderbench.storageprobe import probe_storage, render_text  # noqa: PLC0415
 
+    sample = _run_sample_bytes(ns.run) if ns.run is not None else None
+
     def measure(bar: Any) -> Any:
         result = probe_storage(ns.storage, seconds=seconds, concurrency=concurrency,
-                               progress=bar)
+                               progress=bar, sample_bytes=sample)
         if ns.run is not None:
             from iolens.rundir import write_atomic  # noqa: PLC0415
 
@@ -223,6 +229,20 @@ def _run_storage(ns: argparse.Namespace) -> int:
 
     return measure_and_print(ns, "iolens probe", 4, measure, render=render_text,
                              failure="the storage probe failed")
+
+
+def _run_sample_bytes(run: str) -> float | None:
+    """What the run's job read per sample (NOTE [bytes per sample]), or None where the run
+    timed no batch's stages."""
+    from iolens.analysis.pipeline import pipeline  # noqa: PLC0415
+    from iolens.analysis.rundata import load_run  # noqa: PLC0415
+
+    try:
+        data = load_run(run)
+        pipe = pipeline(data.records, data.meta)
+    except (IolensError, OSError, ValueError):
+        return None
+    return pipe.bytes_per_sample if pipe is not None else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

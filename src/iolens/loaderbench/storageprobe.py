@@ -3,7 +3,9 @@
 A short, bounded, read-only probe against the dataset's own files:
 
 1. random reads of the sample size (the median size of the files found under
-   PATH, at most :data:`SAMPLE_MAX`): a whole small file per read, or one
+   PATH, at most :data:`SAMPLE_MAX`; or, where the files are packs many samples
+   large, the job's bytes per sample, ``sample_bytes``, from the run that
+   ``iolens probe --run`` names): a whole small file per read, or one
    sample-sized chunk at a random aligned offset of a larger file; first with
    one read in flight, then with K (threads);
 2. sequential reads with one in flight, each the device's readahead window
@@ -64,6 +66,9 @@ from iolens.loaderbench.measure import Progress
 from iolens.loaderbench.source import SpecError
 
 SAMPLE_MAX = 4 << 20
+PACKED_SAMPLES = 32
+"""Files this many of the job's samples large, or more, are packs: the random reads are a
+sample's size, not the file's."""
 """Largest sample size probed: beyond it a read is a large read already."""
 REQUEST_BYTES = 1 << 20
 """Size of a sequential read at least, and the device stretches' size."""
@@ -744,12 +749,15 @@ def _mapping(path: str) -> tuple[str, str, str | None, str, str]:
 
 def probe_storage(path: str, *, seconds: float = SECONDS, concurrency: int = CONCURRENCY,
                   allow_direct: bool = True, progress: Progress | None = None,
-                  seed: int | None = None) -> StorageProbe:
+                  seed: int | None = None, sample_bytes: float | None = None
+                  ) -> StorageProbe:
     """Probe the storage under ``path`` for about ``seconds`` (see the module).
 
     ``allow_direct=False`` reads through the page cache (only what is not in it, dropped
-    again after) even where O_DIRECT works. Raises StorageProbeError when ``path`` does
-    not exist or holds no readable file.
+    again after) even where O_DIRECT works. ``sample_bytes`` is what the job reads per
+    sample (its run's figure): the random reads' size where the files hold many samples
+    each (PACKED_SAMPLES or more). Raises StorageProbeError when ``path`` does not exist
+    or holds no readable file.
     """
     if seconds <= 0:
         raise ValueError(f"seconds must be positive, not {seconds}")
@@ -795,6 +803,12 @@ def probe_storage(path: str, *, seconds: float = SECONDS, concurrency: int = CON
                      f"or {time.monotonic() - t0:.2g} s of listing): the figures are of those")
     rng.shuffle(files)
     sample = min(int(statistics.median(f.size for f in files)), SAMPLE_MAX)
+    if sample_bytes is not None and sample_bytes > 0 and (
+            statistics.median(f.size for f in files) >= PACKED_SAMPLES * sample_bytes):
+        # a pack: its samples are read one at a time, not the file's first 4 MiB
+        sample = max(ALIGN, min(SAMPLE_MAX, round(sample_bytes / ALIGN) * ALIGN))
+        notes.append(f"random reads of {human_bytes(sample)}, the job's bytes per sample: "
+                     "the files hold many samples each")
     method, method_note = _detect_method(files, kind, allow_direct)
     notes.append(method_note)
     reader = _Reader(method)
