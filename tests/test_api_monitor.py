@@ -80,8 +80,10 @@ def test_monitor_records_the_script_and_its_loaders(tmp_path: Path) -> None:
     assert sum(r["train"]["batches"] for r in recs) == 13
     assert max(r["job"]["roles"].get("worker", {}).get("pids", 0) for r in recs) >= 1
     assert not [r for r in recs if "other" in r["job"]["roles"]]  # not the sidecar itself
-    # The baseline: the second of CPU burnt before monitor() is not in the first interval.
-    assert recs[0]["job"]["cpu_pct"] < 100, recs[0]["job"]
+    # The baseline: the second of CPU burnt before monitor() is not in the first interval,
+    # where it would read 500% or more (over 0.2 s). The interval's own CPU (the loader's
+    # two workers starting) reached 101% under the clean-clone CI's load.
+    assert recs[0]["job"]["cpu_pct"] < 300, recs[0]["job"]
 
 
 def test_monitor_twice_into_one_folder_never_mixes_the_runs(tmp_path: Path) -> None:

@@ -41,6 +41,20 @@ pytest.importorskip("torch")
 FILES = 1200  # 75 MiB: more than a run reads at 8 MiB/s, so no file is read twice
 KIB = 64
 
+LOOP = """
+loader = DataLoader(ds, batch_size=16, num_workers=2, persistent_workers=True, **order)
+end = time.monotonic() + SECONDS
+while time.monotonic() < end:
+    evict()
+    for x, y in loader:
+        time.sleep(STEP_S)  # the model step
+        if time.monotonic() > end:
+            break
+print("done")
+"""
+"""The lab jobs' training loop (after their dataset ``ds`` and its ``order``): 2 workers,
+the dataset's pages dropped before every epoch, a sleep for the model step."""
+
 TRAIN = """
 import os, sys, time, torch
 from torch.utils.data import DataLoader, Dataset
@@ -75,16 +89,7 @@ else:
             with open(os.path.join(D, NAMES[i]), "rb") as fh:
                 return tensor(fh.read()), i % 4
     ds, order = Files(), dict(shuffle=True)
-loader = DataLoader(ds, batch_size=16, num_workers=2, persistent_workers=True, **order)
-end = time.monotonic() + SECONDS
-while time.monotonic() < end:
-    evict()
-    for x, y in loader:
-        time.sleep(STEP_S)  # the model step
-        if time.monotonic() > end:
-            break
-print("done")
-"""
+""" + LOOP
 
 
 def need_slow_disk() -> None:
@@ -315,16 +320,7 @@ if ORDER == "blocks":
     order = dict(sampler=BlockShuffleSampler(ds, 16))
 else:
     ds, order = Rows(), dict(shuffle=True)
-loader = DataLoader(ds, batch_size=16, num_workers=2, persistent_workers=True, **order)
-end = time.monotonic() + SECONDS
-while time.monotonic() < end:
-    evict()
-    for x, y in loader:
-        time.sleep(STEP_S)  # the model step
-        if time.monotonic() > end:
-            break
-print("done")
-"""
+""" + LOOP
 
 
 def write_rows(folder: Path) -> Path:
