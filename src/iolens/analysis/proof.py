@@ -18,7 +18,7 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis.pipeline import pipeline
-from iolens.analysis.verdict import Verdict
+from iolens.analysis.verdict import Verdict, block_sampled
 
 HELD_TOLERANCE = 0.25
 """A prediction holds when the throughput measured after the change is within 25% of it."""
@@ -77,18 +77,12 @@ def changes(before: Verdict, after: Verdict, before_records: Sequence[dict[str, 
     files_a = pa.files_per_sample if pa is not None else None
     if files_b and files_a is not None and files_a <= PACKED * files_b:
         out["pack"] = True
-    if _in_blocks(after) and not _in_blocks(before):  # (data in large files already)
+    if block_sampled(after) and not block_sampled(before):  # (data in large files already)
         out["pack"] = True
     tb, ta = _top(before.to_dict()), _top(after.to_dict())
     if tb and ta and (tb.get("mount"), tb.get("device")) != (ta.get("mount"), ta.get("device")):
         out["storage"] = "ram" if ta.get("kind") == "tmpfs" else str(ta.get("mount"))
     return out
-
-
-def _in_blocks(v: Verdict) -> bool:
-    """Whether the run's loaders read in blocks of consecutive samples (the sampler the
-    pack advice names)."""
-    return any("BlockShuffleSampler" in str(d.get("sampler") or "") for d in v.loaders)
 
 
 _MEASURED = ("num_workers", "fetch_cpu", "handover", "persistent_workers")

@@ -1033,9 +1033,14 @@ def _packed(v: Verdict, pipe: Pipeline | None) -> str | None:
         return None
     if pipe is not None and (pipe.files_per_sample or 0.0) >= rules.PACKED_FILES_PER_SAMPLE:
         return None  # (a file opened per sample beside the large one: a file per sample)
-    in_blocks = any("BlockShuffleSampler" in str(d.get("sampler") or "")
-                    or d.get("iterable") is True for d in v.loaders)
+    in_blocks = block_sampled(v) or any(d.get("iterable") is True for d in v.loaders)
     return "blocks" if in_blocks else "scattered"
+
+
+def block_sampled(v: Verdict) -> bool:
+    """Whether the run's loaders read in blocks of consecutive samples (the sampler the
+    pack advice names)."""
+    return any("BlockShuffleSampler" in str(d.get("sampler") or "") for d in v.loaders)
 
 
 def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: int,
