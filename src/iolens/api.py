@@ -172,7 +172,7 @@ class Monitor:
             if self.autotune:
                 from iolens.training.autotune import FOLDER  # noqa: PLC0415
 
-                _hooks.use_autotune(os.path.join(self.run_dir, FOLDER))
+                _hooks.use_autotune(os.path.join(self.run_dir, FOLDER), self.quiet)
             _hooks.install_import_hook()
         # NOTE [never hurt the job]: iolens' own import leaves some 30,000 new objects
         # waiting for the garbage collector's oldest generation. Left there, the job's

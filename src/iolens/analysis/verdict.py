@@ -499,8 +499,30 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
             v.recommendations if batches >= rules.MIN_BATCHES else [])
     if tuned is not None:
         v.evidence.append(tuned)
+    _not_what_failed(v, meta)
     _how_to_try(v, meta)
     return v
+
+
+def _not_what_failed(v: Verdict, meta: dict[str, Any]) -> None:
+    """No advice asks for as many workers as autotune found to fail in this run (NOTE [a
+    setting that fails] in iolens/training/autotune.py): it is said instead."""
+    at = meta.get("autotune")
+    failed = [(e["settings"], str(e["failed"]))
+              for t in (at.get("loaders") or [] if isinstance(at, dict) else [])
+              if isinstance(t, dict) for e in t.get("epochs") or []
+              if isinstance(e, dict) and e.get("failed") and isinstance(e.get("settings"), dict)]
+    for settings, why in failed:
+        n = settings.get("num_workers")
+        if not isinstance(n, int):
+            continue
+        dropped = [r for r in v.recommendations
+                   if isinstance(w := (r.change or {}).get("num_workers"), int) and w >= n]
+        for r in dropped:
+            v.recommendations.remove(r)
+        v.evidence.append(
+            f"autotune tried num_workers={n} in this run and it failed ({why})"
+            + (f": not advised again ({dropped[0].action})" if dropped else ""))
 
 
 def _tuned_part(records: Sequence[dict[str, Any]],

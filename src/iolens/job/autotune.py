@@ -24,6 +24,9 @@ measured:
   of the memory available (NOTE [workers and memory]).
 - At most MAX_TRIALS trials per loader; too few batches for a model: the settings stay
   and the next epoch adds to them.
+- An epoch whose settings failed (a worker died: NOTE [a setting that fails] in
+  iolens/training/autotune.py) goes back to the best settings that ran, or the code's
+  own, and nothing more is tried.
 
 Every epoch's settings, prediction, measured rate and decision go into meta.json
 (``autotune``) and ``autotune/history.json`` as they happen, and the report shows them
@@ -172,7 +175,15 @@ class Tuner:
         t.epochs.append(entry)
         nxt = dict(settings)
         kept_now = False
-        if t.settled is not None:
+        if ask.get("failed"):  # NOTE [a setting that fails] in iolens/training/autotune.py
+            entry["steps_per_s"] = None  # (finished in the training process: no measure)
+            entry["failed"] = str(ask["failed"])
+            nxt = self._went_back(t, settings)
+            entry["decision"] = (f"reverted: {ask['failed']}; the epoch was finished in the "
+                                 f"training process; back to {settings_text(nxt)}")
+            t.settled = f"{settings_text(settings)} failed"
+            t.trial = t.trial_prediction = None
+        elif t.settled is not None:
             entry["decision"] = "kept"
         elif measured is None:
             entry["decision"] = "not measured (too short): kept"
@@ -212,6 +223,19 @@ class Tuner:
             t.since_t = float(self.records[-1].get("t") or 0.0) if self.records else None
         self._write_answer(t, seq, nxt)
         self._save()
+
+    @staticmethod
+    def _went_back(t: _Tuning, failed: dict[str, Any]) -> dict[str, Any]:
+        """The settings to go back to from ``failed``: the best that ran, or the code's
+        own (the first epoch's), and the best becomes them."""
+        ran = [(e["steps_per_s"], e["settings"]) for e in t.epochs
+               if e["settings"] != failed and e.get("steps_per_s")]
+        back = (t.best[0] if t.best is not None and t.best[0] != failed
+                else max(ran, key=lambda r: r[0])[1] if ran
+                else t.epochs[0]["settings"])
+        rate = max((r for r, s in ran if s == back), default=0.0)
+        t.best = (dict(back), rate)
+        return dict(back)
 
     def _least_available(self, since: int) -> int | None:
         """The least memory available (MemAvailable) in the intervals taken after the

@@ -1029,7 +1029,12 @@ def patch_dataloader(module: ModuleType) -> None:
         if c is not None:
             c.got()
         try:
-            data = orig_next(self)
+            try:
+                data = orig_next(self)
+            except RuntimeError as exc:  # NOTE [a setting that fails] in training/autotune.py
+                if not (_tuning and _worker_failed(self, exc)):
+                    raise
+                data = orig_next(self)
         except StopIteration:
             # The epoch is over: hand its last batches over now, not at the next
             # epoch's, so that a job killed between epochs loses none of them.
@@ -1051,7 +1056,8 @@ def patch_dataloader(module: ModuleType) -> None:
             w.buf.extend((batch | tag, t0, t1))
             if c is not None:
                 c.emit(0, t1, False)
-            elif self.__dict__.get("_in_order", True) and "_workers" in self.__dict__:
+            elif (self.__dict__.get("_in_order", True) and "_workers" in self.__dict__
+                  and "_iolens_rescued" not in self.__dict__):
                 idx = self.__dict__.get("_rcvd_idx")
                 if type(idx) is int:  # NOTE [stage timing]: the recorder joins it
                     w.buf.extend((handover | tag, idx - 1, t0))
@@ -1066,10 +1072,21 @@ def patch_dataloader(module: ModuleType) -> None:
 
     def __iter__(self: Any) -> Any:
         t = _now()
-        if _tuning and _writer is not None:
+        tuning = _tuning and _writer is not None
+        random = None
+        if tuning:
             with contextlib.suppress(Exception):  # NOTE [never hurt the job]
                 _tuner().epoch_starts(self, _tag_for(self))
-        it = orig_iter(self)
+                random = _tuner().random_state(self)
+        try:
+            it = orig_iter(self)
+        except Exception as exc:  # NOTE [a setting that fails] in training/autotune.py
+            if not (tuning and _start_failed(self, exc, random)):
+                raise
+            it = orig_iter(self)
+        if tuning:
+            with contextlib.suppress(Exception):  # NOTE [never hurt the job]
+                _tuner().iterator_made(self, it)
         w = _writer
         if w is not None:
             it._iolens_tag = _note_epoch(w, self, it, t)
@@ -1102,12 +1119,26 @@ def _tuner() -> ModuleType:
     return autotune
 
 
-def use_autotune(folder: str | None) -> None:
+def _worker_failed(it: Any, exc: BaseException) -> bool:
+    try:
+        return bool(_tuner().worker_failed(it, exc))
+    except Exception:  # noqa: BLE001 - NOTE [never hurt the job]: the loader's error stands
+        return False
+
+
+def _start_failed(loader: Any, exc: BaseException, random: Any) -> bool:
+    try:
+        return bool(_tuner().start_failed(loader, exc, random))
+    except Exception:  # noqa: BLE001 - NOTE [never hurt the job]: the loader's error stands
+        return False
+
+
+def use_autotune(folder: str | None, quiet: bool = False) -> None:
     """``iolens.monitor(autotune=True)``: the loaders' settings between epochs through
-    ``folder`` (None: no more)."""
+    ``folder`` (None: no more), saying nothing on stderr with ``quiet``."""
     global _tuning
     with contextlib.suppress(Exception):  # NOTE [never hurt the job]
-        _tuning = _tuner().configure(folder)
+        _tuning = _tuner().configure(folder, quiet)
 
 
 _settings: dict[str, Any] = {}

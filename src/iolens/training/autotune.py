@@ -19,11 +19,26 @@ same generator either way). An iterable dataset is left as it is: each worker re
 own share of it, which the worker count decides. Whatever fails here leaves the loader
 as it was (NOTE [never hurt the job] in iolens/training/_hooks.py).
 
+NOTE [a setting that fails]: settings autotune chose may fail where the code's own did
+not: more workers than the memory holds (a worker killed by the kernel), a worker that
+cannot start. The job must not pay for it. While a loader runs on settings other than
+its code's, each index batch sent to a worker is kept until its batch is yielded, and
+torch's signal handler is not told the workers' pids (it would raise wherever the
+training loop stands when one dies); torch's own check of its workers finds a dead one
+within 5 s of the batch it owed. The epoch is then finished in the training process, as
+with num_workers=0: the batches sent and not yielded, in the order they were sent, then
+the rest of the epoch's sampler, through the loader's own dataset and collate_fn, so each
+sample comes once and in the code's order. The loader goes back to its code's settings
+at once, the next ask says what failed, and iolens answers with the best settings that
+ran and tries nothing more. An iterator that was failing to start is made again on the
+code's settings.
+
 Pure standard library: imported inside the training process, only with ``--autotune``.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
@@ -62,12 +77,47 @@ class _Loader:
     refused: str | None = None
     ran: dict[str, Any] = field(default_factory=dict)
     """The settings the epoch runs with."""
+    own: dict[str, Any] | None = None
+    """The code's own settings (at the loader's first epoch)."""
+    failed: str | None = None
+    """What failed in the epoch that ran, not asked about yet (NOTE [a setting that
+    fails])."""
 
 
 @dataclass
 class _Config:
     folder: str = ""
     wait_s: float = WAIT_S
+    label: str = "--autotune"
+    """How the user asked for it, in what is said."""
+    quiet: bool = False
+    guard: bool = False
+    """The iterator being made runs on settings the code did not give (NOTE [a setting
+    that fails])."""
+
+
+class _Sent:
+    """The index batches sent to a guarded iterator's workers and not yielded yet, by the
+    number torch sends them under."""
+
+    __slots__ = ("low", "sent")
+
+    def __init__(self) -> None:
+        self.sent: dict[int, Any] = {}
+        self.low = 0
+
+    def keep(self, send: int, rcvd: int, index: Any) -> None:
+        if send == 0:  # (a persistent iterator's next epoch)
+            self.sent.clear()
+            self.low = 0
+        self.sent[send] = index
+        while self.low < rcvd:
+            self.sent.pop(self.low, None)
+            self.low += 1
+
+    def owed(self, rcvd: int, send: int) -> list[Any]:
+        """Those from ``rcvd`` on, in order, with one drawn and not sent (``send``)."""
+        return [self.sent[k] for k in range(rcvd, send + 1) if k in self.sent]
 
 
 _loaders: dict[int, _Loader] = {}
@@ -117,10 +167,11 @@ def _read_wait() -> None:
         _conf.wait_s = max(0.1, min(60.0, float(os.environ.get(WAIT_ENV, WAIT_S))))
 
 
-def configure(folder: str | None) -> bool:
+def configure(folder: str | None, quiet: bool = False) -> bool:
     """``iolens.monitor(autotune=True)``: tune through ``folder`` from now on (None: no
-    more). Each recording's tuning starts anew."""
+    more), saying nothing with ``quiet``. Each recording's tuning starts anew."""
     _conf.folder = folder or ""
+    _conf.label, _conf.quiet = "autotune", quiet
     _read_wait()
     for table in (_loaders, _alias, _held, _by_kind):
         table.clear()
@@ -140,24 +191,30 @@ def refusal(loader: Any) -> str | None:
 def epoch_starts(loader: Any, tag: int) -> None:
     """At ``DataLoader.__iter__``, before the epoch's iterator is made: ask for the settings
     of this epoch and apply them."""
+    _conf.guard = False
     tag = _tuning_tag(loader, tag)
     st = _loaders.get(tag)
     if st is None:
-        st = _loaders[tag] = _Loader()
+        st = _loaders[tag] = _Loader(own=current(loader))
         st.refused = refusal(loader)
         if st.refused is not None:
-            print(f"iolens: --autotune leaves the DataLoader of {type(loader.dataset).__name__} "
-                  f"as it is: {st.refused}", file=sys.stderr, flush=True)
+            _say(f"{_conf.label} leaves the DataLoader of {type(loader.dataset).__name__} "
+                 f"as it is: {st.refused}")
             _write(f"ask-{os.getpid()}-{tag}.json", {
                 "pid": os.getpid(), "tag": tag, "seq": 0, "refused": st.refused,
                 "dataset": type(loader.dataset).__name__})
-    if st.refused is None and st.epoch and st.ended is not None and st.batches >= 2:
+    if st.failed is not None and st.ended is None:  # (an epoch the loop left early)
+        st.ended = time.monotonic()
+    if st.refused is None and st.epoch and st.ended is not None and (
+            st.batches >= 2 or st.failed is not None):
         st.asked += 1
         ask = {"pid": os.getpid(), "tag": tag, "seq": st.asked, "epoch": st.epoch,
                "batches": st.batches, "seconds": st.ended - st.started,
                "first_s": (st.first or st.ended) - st.started,
                "persistent": bool(getattr(loader, "persistent_workers", False)),
                "dataset": type(loader.dataset).__name__, "settings": st.ran}
+        if st.failed is not None:
+            ask["failed"], st.failed = st.failed, None
         if not _write(f"ask-{os.getpid()}-{tag}.json", ask):
             st.refused = "the ask could not be written (the run directory takes no writes)"
         else:
@@ -166,14 +223,142 @@ def epoch_starts(loader: Any, tag: int) -> None:
                 apply(loader, answer.get("settings") or {})
             else:  # iolens is gone, or stuck: the epochs no longer wait for it
                 st.refused = f"iolens did not answer within {_conf.wait_s:g} s"
-                print(f"iolens: --autotune stops for the DataLoader of "
-                      f"{type(loader.dataset).__name__}: {st.refused}; it keeps "
-                      f"{settings_text(current(loader))}", file=sys.stderr, flush=True)
+                _say(f"{_conf.label} stops for the DataLoader of "
+                     f"{type(loader.dataset).__name__}: {st.refused}; it keeps "
+                     f"{settings_text(current(loader))}")
     elif st.refused is None and st.ran:  # a loader made anew: the settings reached so far
         apply(loader, st.ran)
     st.epoch += 1
     st.ran = current(loader)
     st.started, st.first, st.ended, st.batches = time.monotonic(), None, None, 0
+    if st.refused is None and st.ran != st.own and loader.num_workers > 0:
+        _guard_workers()
+        _conf.guard = True
+
+
+def _say(message: str) -> None:
+    if not _conf.quiet:
+        print(f"iolens: {message}", file=sys.stderr, flush=True)
+
+
+def _torch_loader() -> Any:
+    """torch's dataloader module (imported by the job: its loaders are being tuned)."""
+    return sys.modules["torch.utils.data.dataloader"]
+
+
+def _guard_workers() -> None:
+    """Keep the index batches each guarded iterator sends its workers (NOTE [a setting
+    that fails]): ``_next_index`` of torch's multiprocessing iterator, wrapped once."""
+    cls = _torch_loader()._MultiProcessingDataLoaderIter
+    if getattr(cls._next_index, "_iolens", False):
+        return
+    orig = cls._next_index
+
+    def _next_index(self: Any) -> Any:
+        index = orig(self)
+        kept = self.__dict__.get("_iolens_sent")
+        if kept is None and _conf.guard:
+            kept = self.__dict__["_iolens_sent"] = _Sent()
+        if kept is not None:
+            kept.keep(self._send_idx, self._rcvd_idx, index)
+        return index
+
+    _next_index._iolens = True  # type: ignore[attr-defined]
+    cls._next_index = _next_index
+
+
+def iterator_made(loader: Any, it: Any) -> None:
+    """After ``DataLoader.__iter__``: a guarded iterator's workers are left out of torch's
+    signal handler, and the iterator knows its loader."""
+    _conf.guard = False
+    if "_iolens_sent" not in it.__dict__:
+        return
+    it._iolens_loader = weakref.ref(loader)
+    if it.__dict__.get("_worker_pids_set"):
+        _torch_loader()._utils.signal_handling._remove_worker_pids(id(it))
+        it._worker_pids_set = False
+
+
+def _state_of(loader: Any) -> _Loader | None:
+    tag = next((t for t, ref in _held.items() if ref() is loader), None)
+    return None if tag is None else _loaders.get(_alias[tag])
+
+
+def _go_back(loader: Any, st: _Loader, what: str, then: str) -> None:
+    """The loader back on its code's settings after ``what`` failed with the settings its
+    epoch ran (``then``: what becomes of the epoch)."""
+    st.failed = f"{what} with {settings_text(st.ran)}"
+    own = st.own or {}
+    if loader.__dict__.get("_iterator") is not None:
+        with contextlib.suppress(Exception):
+            loader._iterator._shutdown_workers()
+        loader._iterator = None
+    loader.num_workers = own.get("num_workers", 0)
+    loader.prefetch_factor = own.get("prefetch_factor")
+    _say(f"{_conf.label}: {st.failed}; {then}, and the DataLoader of "
+         f"{type(loader.dataset).__name__} goes back to {settings_text(own)}")
+
+
+def random_state(loader: Any) -> tuple[Any, Any] | None:
+    """Before a guarded iterator is made: the state of the random numbers it draws from
+    (the loader's generator, torch's own), for ``start_failed`` to put back."""
+    if not _conf.guard:
+        return None
+    g = getattr(loader, "generator", None)
+    torch = sys.modules["torch"]
+    return (g.get_state() if g is not None else None), torch.random.get_rng_state()
+
+
+def start_failed(loader: Any, exc: BaseException, random: tuple[Any, Any] | None) -> bool:
+    """``DataLoader.__iter__`` raised ``exc``: True where the loader was guarded and is
+    back on its code's settings, to be made again with the random numbers as they were
+    before (``random``), so that its epoch draws the order the code's would."""
+    guarded, _conf.guard = _conf.guard, False
+    st = _state_of(loader) if guarded else None
+    if st is None or random is None:
+        return False
+    g, own = random
+    if g is not None:
+        loader.generator.set_state(g)
+    sys.modules["torch"].random.set_rng_state(own)
+    _go_back(loader, st, f"the DataLoader's workers did not start ({exc})",
+             "the epoch starts again")
+    st.ran = current(loader)
+    return True
+
+
+def worker_failed(it: Any, exc: BaseException) -> bool:
+    """``next()`` of a guarded iterator raised ``exc``: where a worker died, the epoch
+    goes on in the training process (NOTE [a setting that fails]); False otherwise."""
+    kept = it.__dict__.get("_iolens_sent")
+    ref = it.__dict__.get("_iolens_loader")
+    loader = ref() if ref is not None else None
+    if (kept is None or loader is None or "exited unexpectedly" not in str(exc)
+            or not it.__dict__.get("_in_order", True)):
+        return False
+    st = _state_of(loader)
+    if st is None:
+        return False
+    owed = collections.deque(kept.owed(it._rcvd_idx, it._send_idx))
+    del it.__dict__["_iolens_sent"]
+    sampler = it._sampler_iter
+    with contextlib.suppress(Exception):
+        it._shutdown_workers()
+    torch_loader = _torch_loader()
+    fetcher = torch_loader._DatasetKind.create_fetcher(
+        it._dataset_kind, it._dataset, it._auto_collation, it._collate_fn, it._drop_last)
+    pin, device = it._pin_memory, it._pin_memory_device
+
+    def _next_data() -> Any:
+        data = fetcher.fetch(owed.popleft() if owed else next(sampler))
+        return torch_loader._utils.pin_memory.pin_memory(data, device) if pin else data
+
+    it._next_data = _next_data
+    it._iolens_rescued = True
+    if loader.__dict__.get("_iterator") is it:
+        loader._iterator = None
+    _go_back(loader, st, str(exc), "the epoch is finished in the training process")
+    return True
 
 
 def batch(tag: int, yielded: Any) -> None:
