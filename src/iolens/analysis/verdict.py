@@ -1202,7 +1202,7 @@ def reads_dataset(pipe: Pipeline, storage: Sequence[dict[str, Any]] = ()) -> boo
     memmap count there, not in rchar), or a dataset mapped into memory."""
     least = rules.READS_DATA_BYTES_IN_PROCESS if pipe.in_process else rules.READS_DATA_BYTES
     return (bool(pipe.files) or (pipe.bytes_per_sample or 0.0) >= least
-            or (pipe.disk_bytes_per_sample or 0.0) >= rules.READS_DATA_BYTES
+            or (pipe.disk_bytes_per_sample or 0.0) >= least
             or any(s.get("mapped") for s in storage[:1]))
 
 
