@@ -124,3 +124,22 @@ def test_an_import_up_and_a_cycle_are_seen(tmp_path: Path) -> None:
     assert cycle(modules) == ["iolens.cli.b", "iolens.sources.a", "iolens.cli.b"]
     (pkg / "sources" / "a.py").write_text("")
     assert upward(modules) == [] and cycle(modules) is None
+
+
+def test_the_verdicts_modules_import_only_those_below_them() -> None:
+    """The order iolens/analysis/verdict/__init__.py gives its modules, highest first, is
+    the order of their imports; and none of them is over 500 lines."""
+    import re
+
+    package = SRC / "iolens" / "analysis" / "verdict"
+    order = re.findall(r"^- ``(\w+)``:", (package / "__init__.py").read_text(), re.M)
+    assert sorted(order) == sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
+    modules = _modules()
+    for i, m in enumerate(order):
+        name = f"iolens.analysis.verdict.{m}"
+        wrong = [x for x in _imports(name, modules[name], modules)
+                 if x.startswith("iolens.analysis.verdict.")
+                 and x.rsplit(".", 1)[1] not in order[i + 1:]]
+        assert not wrong, f"{m} imports {wrong}, which are not below it"
+        lines = len(modules[name].read_text().splitlines())
+        assert lines <= 500, f"{m}.py: {lines} lines"

@@ -1,0 +1,267 @@
+"""The secondary findings, any number beside the class: noisy-neighbor, warm-cache,
+cold-start, epoch-start-stall, straggler, hang, no-disk-stats.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from iolens.analysis import model as pm
+from iolens.analysis import rules
+from iolens.analysis.verdict.figures import (
+    _device_names,
+    _end,
+    _helper_bytes,
+    _job_bytes,
+    _num,
+    _secs,
+    _share,
+    _span,
+    _sum,
+    _train,
+    _window,
+    device_load,
+)
+from iolens.analysis.verdict.ranks import rank_figures, straggler
+from iolens.analysis.verdict.result import Finding, Recommendation, Verdict, Window, clock
+from iolens.core.words import plural
+
+
+def _hang(records: Sequence[dict[str, Any]]) -> Finding | None:
+    """The run ended while the loop waited for a batch (NOTE [no batch for a while] in
+    iolens/recorder/sampler.py): a hang, with where each process of the loader waits."""
+    last = _train(records[-1]) if records else {}
+    since = _num(last, "waiting_s")
+    if since <= 0:
+        return None
+    # Where they waited: each process as most intervals of the hang saw it (a tie goes to
+    # the earlier). The last intervals may come as the job is stopped (a worker running
+    # its signal handler, a main process gone), so no single one speaks for the hang.
+    hung: list[dict[str, Any]] = []
+    for r in reversed(records[-rules.HANG_LOOKBACK:]):
+        if _num(_train(r), "waiting_s") <= 0:
+            break
+        hung.insert(0, _train(r))
+    seen: dict[tuple[bool, int, str], Counter[str]] = {}
+    for t in hung:
+        for p in t.get("waiting") or []:
+            if not isinstance(p, dict):
+                continue
+            at = ", ".join(x for x in (f"in {p['syscall']}" if p.get("syscall") else "",
+                                       f"at {p['wchan']}" if p.get("wchan") else "") if x)
+            who = (p.get("role") != "main", int(p.get("pid") or 0), str(p.get("role")))
+            seen.setdefault(who, Counter())[f"{p.get('state')}" + (f", {at}" if at else "")] += 1
+    where = [f"{who[2]} {who[1]} ({seen[who].most_common(1)[0][0]})" for who in sorted(seen)]
+    return Finding("hang", [
+        f"no batch came in the last {since:.0f} s recorded: the loop was waiting in next() "
+        "for one"
+        + (f"; {', '.join(where)}" if where else "")], _window(records[-1:], "hang"), [
+        Recommendation(
+            "see where the workers wait (py-spy dump --pid PID, or faulthandler), and set "
+            "DataLoader(timeout=SECONDS) so that a stuck batch raises instead of hanging; "
+            "a spawned worker needs the script's `if __name__ == '__main__':` guard",
+            f"the loop waited {since:.0f} s for one batch", "a job that fails fast")])
+
+def _findings(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]],
+              v: Verdict) -> list[Finding]:
+    out: list[Finding] = []
+    hang = _hang(records)
+    if hang is not None:
+        out.append(hang)
+    slow = straggler(rank_figures(records))
+    if slow is not None:
+        out.append(slow)
+    out += _noisy_neighbors(timed)
+    out += _warm_cache(timed, v)
+    out += _cold_start(timed)
+    out += _epoch_start(timed, v)
+    return out
+
+def _noisy_neighbors(timed: Sequence[dict[str, Any]]) -> list[Finding]:
+    out = []
+    names = _device_names(timed)
+    loops = [n for n in names if n.startswith("loop")]
+    span = _span(timed)
+    for name in names:
+        hit = []
+        for r in timed:
+            d = (r.get("devices") or {}).get(name) or {}
+            if _num(d, "util") < rules.NEIGHBOR_UTIL:
+                continue
+            dev_bytes = (_num(d, "rkB_s") + _num(d, "wkB_s")) * 1024 * _secs(r)
+            if dev_bytes <= 0:
+                continue
+            # A loop device's reads reach its backing disk from the kernel's loop
+            # thread, not from the job: that load is the job's, seen one level down.
+            looped = sum((_num((r.get("devices") or {}).get(lp) or {}, "rkB_s")
+                          + _num((r.get("devices") or {}).get(lp) or {}, "wkB_s")) * 1024
+                         * _secs(r) for lp in loops if lp != name)
+            jr, jw = _job_bytes([r])
+            if (jr + jw + looped + _helper_bytes([r])) / dev_bytes < rules.JOB_SHARE_OWN:
+                hit.append(r)
+        if hit and _span(hit) >= rules.NEIGHBOR_SHARE_OF_TIME * span:
+            load = device_load(hit, name)
+            jr, jw = _job_bytes(hit)
+            dev_bytes = (load.rkB_s + load.wkB_s) * 1024 * load.secs
+            own = (jr + jw) / dev_bytes if dev_bytes else 0.0
+            # A helper's reads (a local server's, a FUSE daemon's) reach its counters an
+            # interval early or late: the intervals where they look low are picked by
+            # that. Over all the busy intervals they must leave room for a neighbour.
+            busy = [r for r in timed
+                    if _num((r.get("devices") or {}).get(name) or {}, "util")
+                    >= rules.NEIGHBOR_UTIL]
+            helped = _helper_bytes(busy)
+            if helped:
+                b = device_load(busy, name)
+                all_bytes = (b.rkB_s + b.wkB_s) * 1024 * b.secs
+                if all_bytes and (sum(_job_bytes(busy)) + helped) / all_bytes >= (
+                        rules.JOB_SHARE_OWN):
+                    continue
+            w = _window(hit, "noisy-neighbor")
+            out.append(Finding("noisy-neighbor", [
+                f"{name} {load.util:.0f}% util, {load.rMB_s:.1f} MB/s read and "
+                f"{load.wMB_s:.1f} MB/s written, only {own * 100:.0f}% of it by this job"
+                + (f", {w.text()}" if w else "")], w, [Recommendation(
+                    "find the other reader (iotop, or `iolens top`) and move it or the "
+                    "dataset to another device",
+                    f"another process makes {100 - own * 100:.0f}% of {name}'s load",
+                    "steadier step times")]))
+    return out
+
+def _warm_cache(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
+    if v.storage and not v.storage[0].get("page_cache_visible", True):
+        # Their reads never reach read_bytes: 1 - read_bytes/rchar would claim a cache
+        # hit for every byte (NOTE [dataset folders] in iolens/recorder/storage.py).
+        return []
+    role = "worker" if any(((r.get("job") or {}).get("roles") or {}).get("worker")
+                           for r in timed) else "main"
+    rchar = disk = secs = 0.0
+    for r in timed:
+        src = ((r.get("job") or {}).get("roles") or {}).get(role) or {}
+        s = _secs(r)
+        secs += s
+        rchar += _num(src, "rchar_s") * s
+        disk += _num(src, "read_bytes_s") * s
+    if secs <= 0 or rchar / secs < rules.WARM_CACHE_MIN_RCHAR:
+        return []
+    hit = max(0.0, 1 - disk / rchar)
+    if hit < rules.WARM_CACHE_HIT:
+        return []
+    caveat = (" The storage verdict may differ on a cold cache (a first epoch after a "
+              "reboot, a dataset larger than RAM).")
+    return [Finding("warm-cache", [
+        f"{hit * 100:.0f}% of what the {role} processes read came from the page cache "
+        f"({rchar / secs / 2**20:.1f} MB/s read, {disk / secs / 2**20:.1f} MB/s from disk)."
+        + (caveat if v.cls != "storage-bound" else "")], _window(timed, "warm-cache"))]
+
+def _cold_start(timed: Sequence[dict[str, Any]]) -> list[Finding]:
+    span = _span(timed)
+    if len(timed) < 5 or span <= 0:
+        return []
+    first: list[dict[str, Any]] = []
+    acc = 0.0
+    for r in timed:
+        if acc >= rules.COLD_START_SHARE_OF_TIME * span:
+            break
+        first.append(r)
+        acc += _secs(r)
+    rest = list(timed[len(first):])
+    a, b = _share(first), _share(rest)
+    if a is None or b is None or a < rules.HIGH or a < rules.COLD_START_RATIO * b:
+        return []
+    w = _window(first, "cold-start")
+    return [Finding("cold-start", [
+        f"the loop waited {a * 100:.0f}% of its step time for data in its first "
+        f"{_span(first):.0f} s" + (f" ({w.text()})" if w else "")
+        + f", then {b * 100:.0f}%: the cache filled or the workers warmed up"], w, [
+        Recommendation("judge throughput after the start-up, or warm the cache first "
+                       "(read the dataset once, vmtouch)",
+                       "the start-up waits far more than the rest",
+                       "a steady measurement")])]
+
+def _epoch_start(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
+    starts = [_train(r).get("epoch_start_wait") for r in timed]
+    starts_n = sum(_num(s, "count") for s in starts if isinstance(s, dict))
+    starts_sum = sum(_num(s, "sum_s") for s in starts if isinstance(s, dict))
+    waits = [_num(_train(r).get("data_wait") or {}, "p50_s") for r in timed]
+    step_total = sum(_sum(r, "step") for r in timed)
+    if not starts_n or not waits or step_total <= 0:
+        return []
+    mean_start = starts_sum / starts_n
+    median_wait = statistics.median(waits)
+    if (mean_start < rules.EPOCH_START_RATIO * max(median_wait, 1e-6)
+            or starts_sum / step_total < rules.EPOCH_START_SHARE):
+        return []
+    cache = next((x for x in v.storage if x.get("role") == "cache"), None)
+    if starts_n < 2 and cache is None:
+        return []  # (the run's one start: no epoch repeats it; cold-start tells its wait)
+    evidence = [
+        f"the first batch of each epoch waited {mean_start * 1000:.0f} ms on average over "
+        f"{plural(starts_n, 'epoch')}, against a median wait of "
+        f"{median_wait * 1000:.1f} ms; {starts_sum / step_total * 100:.1f}% of the step "
+        "time in all"]
+    if cache is not None:
+        # A streaming library copies the data into a cache it then reads: the first
+        # batches wait for the copy (NOTE [storage roles] in iolens/recorder/storage.py).
+        source = next((x for x in v.storage if x.get("role") == "source"), None)
+        copied = sum(_num(((r.get("job") or {}).get("roles") or {}).get(role), "wchar_s")
+                     * _secs(r) for r in timed for role in ("worker", "main"))
+        secs = _span(timed) or 1.0
+        evidence.append(
+            f"the job copies the data into a cache on {cache['mount']}"
+            + (f" from {source['mount']}" if source else "")
+            + f": {copied / 2**20:.0f} MB written at {copied / secs / 2**20:.1f} MB/s, which "
+            "the first batches wait for")
+        return [Finding("epoch-start-stall", evidence, None, [Recommendation(
+            "fill the cache before training (copy or prefetch the data into "
+            f"{cache['mount']} first), or read it near the job from the start",
+            "the first batches wait for the copy into the cache",
+            f"up to {starts_sum / step_total * 100:.1f}% of the step time", None,
+            "what the copy costs the first batches is not timed apart")])]
+    if v.already("persistent_workers", True):
+        # The workers persist: what the first batch waits for is their first work (a
+        # cache the library fills, files and connections opened at the first sample).
+        evidence.append("the workers persist (persistent_workers=True): the wait is their "
+                        "first work, not their start")
+        return [Finding("epoch-start-stall", evidence, None, [Recommendation(
+                "make the first batch cheap: open the dataset's files and connections when "
+                "the Dataset is made, and fill a streaming library's local cache before "
+                "training (or copy the data near the job)",
+                "the workers persist, yet each epoch's first batch waits",
+                f"up to {starts_sum / step_total * 100:.1f}% of the step time", None,
+                "what the first batch does is not timed apart")])]
+    return [Finding("epoch-start-stall", evidence, None, [
+        v.fix("set persistent_workers=True (workers and their state survive the "
+              "epoch) and keep prefetch_factor at 2 or more",
+              "workers start anew each epoch",
+              f"up to {starts_sum / step_total * 100:.1f}% of the step time",
+              {"persistent_workers": True}, pm.no_epoch_starts(),
+              basis=["without the epochs' first batches' wait"])])]
+
+_BLIND = ("the verdict rests on the training loop's timing (data wait share, step time) and "
+          "the job's processes alone")
+
+def _no_disk_stats(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> Finding | None:
+    """The ``no-disk-stats`` finding when device figures are missing for the whole run or
+    stopped partway (the recorder's note says why), else None."""
+    notes = [n for n in meta.get("notes") or [] if isinstance(n, str)]
+    seen = [i for i, r in enumerate(records) if r.get("devices")]
+    if seen:
+        stopped = next((n for n in notes if n.startswith("device statistics stopped")), None)
+        last = seen[-1]
+        if stopped is None or last == len(records) - 1:
+            return None
+        at = _end(records[last])
+        w = Window(at, _end(records[-1]), "no-disk-stats")
+        return Finding("no-disk-stats", [
+            f"{stopped} (at {clock(at)}); from then on {_BLIND}"], w)
+    why = next((n for n in notes if "statistic" in n), None)
+    if why is not None:
+        why = why.removesuffix(": no device statistics on this system")
+    elif records and meta.get("disk_source") is not None:
+        why = "no watched device had figures (none serves the job's files?)"
+    return Finding("no-disk-stats", [
+        f"no device statistics: {why or 'none were recorded'}; {_BLIND}"])

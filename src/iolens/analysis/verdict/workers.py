@@ -1,0 +1,214 @@
+"""Advice on the DataLoader's workers: more, fewer, a search for the best settings,
+the hand-over and the epochs' first batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from iolens.analysis import model as pm
+from iolens.analysis import rules
+from iolens.analysis.pipeline import Pipeline
+from iolens.analysis.verdict.figures import _num, _sum, _train
+from iolens.analysis.verdict.result import Recommendation, Verdict
+from iolens.core.words import plural
+
+
+def _raise_workers(v: Verdict, workers: int, target: int, because: str,
+                   ceiling: str) -> Recommendation:
+    """More workers, as many as reach the next limit (the model's number, not a doubling);
+    from none, in a run that began several epochs, persistent ones (NOTE [an epoch's first
+    batch from workers] in iolens/analysis/model.py): workers started anew each epoch cost
+    that epoch their start, which the model does not know from a run without them."""
+    action, change = f"raise num_workers from {workers} to {target}", {"num_workers": target}
+    epochs = (sum(_num(_train(r), "epochs_started") for r in v.model.records)
+              if v.model is not None else 0)
+    if not workers and epochs >= 2:
+        action += " and set persistent_workers=True"
+        change["persistent_workers"] = True
+    return v.fix(action, because, ceiling, change, pm.more_workers(target),
+                 basis=[f"{target} workers, each making a batch in the time one takes now"])
+
+def _fewer_workers(v: Verdict, pipe: Pipeline | None, workers: int) -> Recommendation | None:
+    """Fewer workers, as many as the job has cores, where more workers than that queue for
+    the cores (NOTE [a fetch that waits for a core] in iolens/analysis/pipeline.py): each
+    process beyond the cores costs CPU of its own (switches, caches, its epoch start) and
+    takes the loop's core from it. The model takes the workers' wait for a core away in
+    proportion, and counts a sample's CPU halfway down what the extra workers may cost
+    (NOTE [workers beyond the cores] in iolens/analysis/model.py)."""
+    f = v.model.whole if v.model is not None else None
+    queued = pipe.fetch_queue_share if pipe is not None else None
+    if f is None or f.cores is None or queued is None or queued < rules.FETCH_QUEUED:
+        return None
+    n = max(1, round(f.cores))
+    if workers <= n:
+        return None
+    return v.fix(
+        f"lower num_workers from {workers} to {n}",
+        f"{plural(workers, 'worker')} on the {f.cores:.1f} cores the job has queue for them: "
+        f"{queued * 100:.0f}% of each fetch waited for a core, and the loop "
+        f"{f.compute_delay_s * 1000:.1f} ms of its {f.compute_s * 1000:.1f} ms step; each "
+        "worker beyond the cores costs CPU of its own", "the CPU the extra workers cost",
+        {"num_workers": n}, pm.more_workers(n),
+        basis=[f"{n} workers, their wait for a core shrunk to what {n} leave"])
+
+def fetch_text(pipe: Pipeline) -> str:
+    """The workers' fetch in one phrase: per-sample time, its CPU and blocked parts, reads."""
+    who = ("the training process (num_workers=0)" if pipe.in_process
+           else "the DataLoader workers")
+    per = (pipe.fetch_s_per_sample or 0.0) * 1000
+    queued = pipe.fetch_queue_share or 0.0
+    out = (f"{who} took {per:.2f} ms to fetch a sample, "
+           f"{(pipe.fetch_cpu_share or 0.0) * 100:.0f}% of it on CPU, "
+           + (f"{queued * 100:.0f}% waiting for a core (the cores busy) " if queued >= 0.005
+              else "")
+           + f"and {(pipe.fetch_blocked_share or 0.0) * 100:.0f}% blocked off CPU")
+    if pipe.samples:
+        out += (f", reading {(pipe.bytes_per_sample or 0.0) / 1024:.1f} KiB in "
+                f"{pipe.files_per_sample or 0.0:.2f} files per sample")
+    idle = pipe.worker_idle_share
+    if idle is not None:
+        out += f"; the workers idle {idle * 100:.0f}% of their time"
+    return out
+
+def _nothing_to_gain(v: Verdict) -> None:
+    """A moderate wait where no fix the model sizes gains MIN_GAIN: the first advice is to
+    leave the input pipeline alone, with the best candidate's figure, rather than a change
+    that gains nothing or an advice not to change."""
+    if v.model is None or (v.data_wait_share or 0.0) >= rules.HIGH:
+        return
+    sized = [r for r in [*v.recommendations, *v.declined]
+             if r.prediction is not None and r.change]
+    if not sized or any(r.prediction.gain >= rules.MIN_GAIN for r in sized if r.prediction):
+        return
+    best = max(sized, key=lambda r: r.prediction.gain if r.prediction else 0.0)
+    p = best.prediction
+    assert p is not None
+    for r in [r for r in v.recommendations if r in sized]:
+        v.recommendations.remove(r)
+        v.declined.append(r)
+    # (a search for better loader settings, which the model says would find none, goes too)
+    v.recommendations = [r for r in v.recommendations if r.action != _tune(v).action]
+    short = best.action.split(":")[0].split(", so that")[0]
+    v.recommendations.insert(0, Recommendation(
+        f"leave the input pipeline as it is: no change iolens can size gains "
+        f"{(rules.MIN_GAIN - 1) * 100:.0f}% or more (the best, {short}, is predicted at "
+        f"{p.steps_per_s:.3g} steps/s against {p.now:.3g} now, {(p.gain - 1) * 100:+.1f}%)",
+        f"the loop waits {(v.data_wait_share or 0.0) * 100:.1f}% of its step time and each "
+        "change the model sizes leaves most of it", "none from the input side", None,
+        "nothing to change: the figure is the best candidate's"))
+
+def _epoch_starts_first(v: Verdict, timed: Sequence[dict[str, Any]]) -> None:
+    """Workers started anew each epoch (not persistent), whose epoch starts after the run's
+    first are a large part of the data wait: keeping the workers comes first, with its
+    prediction, whatever the steady batches wait for."""
+    f = v.model.whole if v.model is not None else None
+    if f is None or not f.workers or v.already("persistent_workers", True):
+        return
+    batches = sum(_num(_train(r), "batches") for r in timed)
+    wait = sum(_sum(r, "data_wait") for r in timed)
+    steps = sum(_sum(r, "step") for r in timed)
+    # (the start is in the first batch's wait, or in its step where iter() waits for the
+    # workers: both are the epoch start's, NOTE [epoch starts in the model])
+    later = (f.epoch_start_s - f.first_start_s) * batches
+    if steps <= 0 or later <= 0 or (later < rules.EPOCH_START_LEAD * wait
+                                    and later < rules.MODERATE * steps):
+        return
+    keep = {"persistent_workers": True}
+    rec = next((r for r in v.recommendations if r.change == keep), None)
+    if rec is None:
+        rec = v.fix("set persistent_workers=True, so that each epoch does not start its "
+                    "workers anew", "the epochs' first batches wait for new workers",
+                    "the epoch starts' wait", keep, pm.no_epoch_starts(),
+                    basis=["without the epochs' first batches' wait, the run's first kept"])
+        if rec.prediction is not None and rec.prediction.gain < rules.MIN_GAIN:
+            return
+    else:
+        v.recommendations.remove(rec)
+    v.recommendations.insert(0, rec)
+    v.evidence.append(f"the epochs after the first start their {plural(f.workers, 'worker')} "
+                      f"anew (persistent_workers=False): their first batches took {later:.1f} s "
+                      f"beyond a steady step, {later / steps * 100:.0f}% of the step time")
+
+def _handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *,
+                    share: float, when: str, workers: int) -> None:
+    """The workers keep up: the wait left is the hand-over of each batch or the epochs'
+    starts, which more workers do not shorten."""
+    v.cls = "handover-bound"
+    batches = sum(_num(_train(r), "batches") for r in win)
+    wait = sum(_sum(r, "data_wait") for r in win)
+    hand = pipe.handover_s_per_batch
+    starts = [_train(r).get("epoch_start_wait") for r in win]
+    start_s = sum(_num(x, "sum_s") for x in starts if isinstance(x, dict))
+    v.evidence.append(f"{plural(workers, 'DataLoader worker')} idle "
+                      f"{(pipe.worker_idle_share or 0) * 100:.0f}"
+                      f"% of their time: they have the batches ready before the loop asks"
+                      f"{when}")
+    parts = []
+    if hand is not None and batches and wait > 0:
+        parts.append(f"the hand-over of each batch (queue, unpickling, pin_memory) "
+                     f"{hand * 1000:.2f} ms, {min(1.0, hand * batches / wait) * 100:.0f}% of "
+                     f"the wait")
+    if start_s > 0 and wait > 0:
+        parts.append(f"the epochs' first batches {start_s / wait * 100:.0f}% of it")
+        if hand is not None and batches and (hand * batches + start_s) > wait:
+            parts[-1] += " (the two overlap: a first batch is handed over too)"
+    v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data"
+                      + (": " + "; ".join(parts) if parts else ""))
+    v.evidence.append(fetch_text(pipe))
+    # No claim on more workers either way: they would make no batch sooner (those there
+    # idle), yet the loop's own cost of taking each batch fell with more of them where
+    # it was measured (4 MiB pickled a batch on 2 cores: 2 -> 4 workers, 8.9 -> 6.0 ms a
+    # hand-over and +39% steps/s over 8 pairs of runs), which the model does not know.
+    if start_s > 0 and wait > 0 and start_s / wait >= 0.25 and not v.already(
+            "persistent_workers", True):
+        v.offer(v.fix(
+            "set persistent_workers=True, so that each epoch does not start its workers anew",
+            "the epochs' first batches wait for new workers", "the epoch starts' wait",
+            {"persistent_workers": True}, pm.no_epoch_starts(),
+            basis=["without the epochs' first batches' wait"]))
+    types = {t for d in v.loaders for t in str(d.get("batch_types") or "").split(",") if t}
+    if types == {"torch.Tensor"}:
+        action = ("make each batch cheaper to hand over: keep it small in bytes (decode on "
+                  "the GPU, or uint8 rather than float32); its tensors go through shared "
+                  "memory already")
+    else:
+        held = f" (the batches hold {', '.join(sorted(types))})" if types else ""
+        action = ("make each batch cheaper to hand over: return tensors (moved through shared "
+                  "memory) rather than Python lists or NumPy arrays (pickled whole)" + held
+                  + ", and keep the batch small in bytes (decode on the GPU, or uint8 rather "
+                  "than float32)")
+    v.offer(v.fix(
+        action,
+        "the wait left is the batch's way from the worker to the loop",
+        "the hand-over's share of the wait", {"handover": 0.5}, pm.cheaper_handover(0.5),
+        basis=["if the hand-over took half as long"]))
+
+def _tune(v: Verdict) -> Recommendation:
+    """Points the input-bound classes without saturated storage at ``iolens tune``, beside
+    a stand-in for this run's step."""
+    return Recommendation(
+        "measure the best DataLoader settings on this machine: `iolens tune --dataset "
+        f"MODULE:FACTORY --run {v.run_dir}` (or `--folder DIR`) measures the samples per "
+        "second of "
+        "each num_workers, prefetch_factor and persistent_workers beside a stand-in for "
+        "this run's step, and `iolens probe` how far the preprocessing ceiling is from the "
+        "training step's",
+        "the right num_workers depends on the per-sample cost and the free cores",
+        "the best num_workers, measured", None,
+        "a measurement, not a change")
+
+def _more_workers(workers: int, worker_cpu: float, cpus: int, idle: float | None) -> int:
+    """How many DataLoader workers to try when neither device nor CPU is saturated.
+
+    Without workers: one per core but the training process's, at most 8. With
+    workers: as many more as the idle cores can carry at the CPU each one uses
+    now (workers that mostly wait add little CPU), at most doubling them, so
+    that the next run checks the effect before going further.
+    """
+    if workers == 0:
+        return max(1, min(8, cpus - 1)) if cpus else 2
+    free = cpus * (idle or 0.0) / 100 if cpus else 0.0
+    each = max(worker_cpu / 100, 0.1)
+    return workers + max(1, min(workers, int(free / each)))
