@@ -270,12 +270,12 @@ def test_the_try_line_is_for_map_style_torch_loaders_and_settings_alone() -> Non
     plain iterable has no workers to set, and pinned memory wants non_blocking copies in the
     code too: none of those gets a `--set` line; a map-style DataLoader's worker count does,
     with the run's own --set kept."""
-    from iolens.analysis.verdict import Recommendation, Verdict, _how_to_try
+    from iolens.analysis.verdict import Recommendation, Verdict, how_to_try
 
     def tried(loader: dict[str, Any], change: dict[str, Any], **meta: Any) -> str | None:
         v = Verdict("loader-starved", "high", 0.5,
                     recommendations=[Recommendation("do it", "why", "gain", change=change)])
-        _how_to_try(v, {"command": ["python", "train.py", "--lr", "0.1 0.2"],
+        how_to_try(v, {"command": ["python", "train.py", "--lr", "0.1 0.2"],
                         "loaders": [loader], **meta})
         return v.recommendations[0].try_it
 

@@ -38,7 +38,7 @@ Its modules, each imports only those below it:
 
 from __future__ import annotations
 
-from iolens.analysis.verdict.classify import _how_to_try, diagnose, served_storage
+from iolens.analysis.verdict.classify import diagnose, how_to_try, served_storage
 from iolens.analysis.verdict.figures import DeviceLoad, device_load, timed_records
 from iolens.analysis.verdict.ranks import rank_figures, straggler
 from iolens.analysis.verdict.remote import net_scaling
@@ -72,12 +72,12 @@ __all__ = [
     "Recommendation",
     "Verdict",
     "Window",
-    "_how_to_try",
     "block_sampled",
     "clock",
     "device_load",
     "diagnose",
     "fetch_text",
+    "how_to_try",
     "net_scaling",
     "rank_figures",
     "reads_dataset",

@@ -13,9 +13,18 @@ from typing import Any
 from iolens.analysis import model as pm
 from iolens.analysis import rules
 from iolens.analysis.model import Model
-from iolens.analysis.verdict.figures import _end, _num, _secs, _share, _sum, _timed, _train, _window
-from iolens.analysis.verdict.findings import _findings, _hang, _no_disk_stats
-from iolens.analysis.verdict.inputbound import _input_bound
+from iolens.analysis.verdict.figures import (
+    end_of,
+    is_timed,
+    num,
+    part_sum,
+    secs_of,
+    train,
+    wait_share,
+    window_of,
+)
+from iolens.analysis.verdict.findings import all_findings, hang_finding, no_disk_stats
+from iolens.analysis.verdict.inputbound import input_bound
 from iolens.analysis.verdict.result import (
     HUNG,
     NO_STEPS,
@@ -26,9 +35,9 @@ from iolens.analysis.verdict.result import (
     clock,
     severity,
 )
-from iolens.analysis.verdict.storage import _probe_for
-from iolens.analysis.verdict.workers import _epoch_starts_first, _nothing_to_gain
-from iolens.analysis.verdict.writes import _write_stall
+from iolens.analysis.verdict.storage import probe_for
+from iolens.analysis.verdict.workers import epoch_starts_first, nothing_to_gain
+from iolens.analysis.verdict.writes import write_stall
 from iolens.core.words import plural
 from iolens.training import overrides
 
@@ -37,42 +46,42 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     """The verdict over a run's records (in order). ``meta`` adds the CPU count and notes."""
     meta = meta or {}
     records, tuned = _tuned_part(records, meta)
-    timed = [r for r in records if _timed(r)]
-    batches = int(sum(_num(_train(r), "batches") for r in timed))
+    timed = [r for r in records if is_timed(r)]
+    batches = int(sum(num(train(r), "batches") for r in timed))
     figures = _figures(records, timed, meta)
-    blind = _no_disk_stats(records, meta)
+    blind = no_disk_stats(records, meta)
     findings = [blind] if blind is not None else []
     storage = served_storage(meta)
     if batches == 0:
         v = _no_steps(records, meta, figures, findings)
         v.storage = storage
         return v
-    share = _share(timed) or 0.0
+    share = wait_share(timed) or 0.0
     v = Verdict("compute-bound", severity(share), share, figures=figures,
                 caveat=blind.evidence[0] if blind is not None else None, storage=storage)
-    v.probe = _probe_for(meta, storage)
+    v.probe = probe_for(meta, storage)
     if isinstance(meta.get("run_dir"), str):
         v.run_dir = shlex.quote(meta["run_dir"])
     v.loaders = [d for d in meta.get("loaders") or [] if isinstance(d, dict)]
     model = Model(timed, int(meta.get("cpus") or 0) or None)
     v.model = model if model.whole is not None else None
-    stall = _write_stall(records, timed, share)
+    stall = write_stall(records, timed, share)
     if stall is not None:
         v.cls, v.devices, v.evidence, v.recommendations, v.windows = stall
     elif share < rules.MODERATE:
         _compute_bound(v, timed)
-        _epoch_starts_first(v, timed)
+        epoch_starts_first(v, timed)
     else:
-        _input_bound(v, timed, meta)
-        _epoch_starts_first(v, timed)
-        _nothing_to_gain(v)
+        input_bound(v, timed, meta)
+        epoch_starts_first(v, timed)
+        nothing_to_gain(v)
     if batches < rules.MIN_BATCHES:
         v.evidence.append(f"only {plural(batches, 'batch', 'batches')} timed: a longer run "
                           "gives a firmer verdict")
-    v.findings = findings + _findings(records, timed, v)
+    v.findings = findings + all_findings(records, timed, v)
     hang = next((f for f in v.findings if f.cls == "hang"), None)
-    step_s = sum(_sum(r, "step") for r in timed)
-    if hang is not None and _num(_train(records[-1]), "waiting_s") > step_s:
+    step_s = sum(part_sum(r, "step") for r in timed)
+    if hang is not None and num(train(records[-1]), "waiting_s") > step_s:
         # It hung for longer than it trained: that is what the run says, first.
         v.cls, v.severity = HUNG, "high"
         v.evidence.insert(0, hang.evidence[0])
@@ -82,7 +91,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     if tuned is not None:
         v.evidence.append(tuned)
     _not_what_failed(v, meta)
-    _how_to_try(v, meta)
+    how_to_try(v, meta)
     return v
 
 def _not_what_failed(v: Verdict, meta: dict[str, Any]) -> None:
@@ -116,14 +125,14 @@ def _tuned_part(records: Sequence[dict[str, Any]],
     since = at.get("since_t") if isinstance(at, dict) else None
     if not isinstance(since, int | float) or isinstance(since, bool):
         return records, None
-    kept = [r for r in records if _num(r, "t") > since]
+    kept = [r for r in records if num(r, "t") > since]
     if not kept or len(kept) == len(records):
         return records, None
-    return kept, (f"the verdict is of the run from {clock(_num(kept[0], 'elapsed_s'))} on, "
+    return kept, (f"the verdict is of the run from {clock(num(kept[0], 'elapsed_s'))} on, "
                   "where autotune's settings last changed: the epochs before ran other "
                   "settings")
 
-def _how_to_try(v: Verdict, meta: dict[str, Any]) -> None:
+def how_to_try(v: Verdict, meta: dict[str, Any]) -> None:
     """Each recommendation that changes DataLoader settings only gets the ``iolens run
     --set`` line that tries it with no code change (the run's own ``--set`` kept)."""
     command = meta.get("command")
@@ -187,16 +196,16 @@ def served_storage(meta: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _figures(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]],
              meta: dict[str, Any]) -> dict[str, Any]:
-    batches = int(sum(_num(_train(r), "batches") for r in timed))
-    step_s = sum(_sum(r, "step") for r in timed)
-    wait_s = sum(_sum(r, "data_wait") for r in timed)
-    p50s = [_num(_train(r).get("step") or {}, "p50_s") for r in timed]
-    waits = [_num(_train(r).get("data_wait") or {}, "p50_s") for r in timed]
+    batches = int(sum(num(train(r), "batches") for r in timed))
+    step_s = sum(part_sum(r, "step") for r in timed)
+    wait_s = sum(part_sum(r, "data_wait") for r in timed)
+    p50s = [num(train(r).get("step") or {}, "p50_s") for r in timed]
+    waits = [num(train(r).get("data_wait") or {}, "p50_s") for r in timed]
     return {
         "intervals": len(records),
-        "seconds": round(sum(_secs(r) for r in records), 3),
+        "seconds": round(sum(secs_of(r) for r in records), 3),
         "batches": batches,
-        "epochs": int(sum(_num(_train(r), "epochs_started") for r in records)),
+        "epochs": int(sum(num(train(r), "epochs_started") for r in records)),
         "step_time_s": round(step_s / batches, 6) if batches else None,
         "data_wait_s": round(wait_s / batches, 6) if batches else None,
         "step_p50_s": round(statistics.median(p50s), 6) if p50s else None,
@@ -225,24 +234,24 @@ def _no_steps(records: Sequence[dict[str, Any]], meta: dict[str, Any],
             "run again with --set settings the loader can take", set_error,
             "a run with the settings asked for"))
         return v
-    marked = [r for r in records if _train(r).get("step_source") == "marks"]
-    marks = sum(_num(_train(r).get("step") or {}, "count") for r in marked)
+    marked = [r for r in records if train(r).get("step_source") == "marks"]
+    marks = sum(num(train(r).get("step") or {}, "count") for r in marked)
     if marks:
         return _steps_only(marked, int(marks), figures, findings)
     if not records:
         why.append("no interval was recorded (the run ended at once, or its records are lost)")
-    began = [r for r in records if _num(_train(r), "epochs_started")]
+    began = [r for r in records if num(train(r), "epochs_started")]
     if began and not why:
         # The loop began iterating a DataLoader: no batch came, however long it waited.
-        workers = max(int(_num(_train(r), "num_workers")) for r in began)
-        start = max(0.0, _end(began[0]) - _secs(began[0]))
+        workers = max(int(num(train(r), "num_workers")) for r in began)
+        start = max(0.0, end_of(began[0]) - secs_of(began[0]))
         why.append(
             f"the loop began iterating a DataLoader ({plural(workers, 'worker')}) in the "
             f"interval from {clock(start)} and no batch came in the "
-            f"{max(0.0, _end(records[-1]) - start):.0f} s until the recording ended"
+            f"{max(0.0, end_of(records[-1]) - start):.0f} s until the recording ended"
             + (f" (exit code {meta['exit_code']})" if isinstance(meta.get("exit_code"), int)
                else ""))
-        hang = _hang(records)
+        hang = hang_finding(records)
         if hang is not None:  # the headline: it hung, and where its processes wait
             v = Verdict(NO_STEPS, "unknown", None, evidence=[hang.evidence[0], why[-1]],
                         figures=figures, findings=[*findings, hang])
@@ -287,8 +296,8 @@ def _steps_only(marked: Sequence[dict[str, Any]], marks: int, figures: dict[str,
                 findings: list[Finding]) -> Verdict:
     """Steps marked with iolens.step() and no batch timed: the step figures, and how to get
     the data wait too."""
-    step_s = sum(_sum(r, "step") for r in marked)
-    p50s = [_num(_train(r).get("step") or {}, "p50_s") for r in marked]
+    step_s = sum(part_sum(r, "step") for r in marked)
+    p50s = [num(train(r).get("step") or {}, "p50_s") for r in marked]
     figures.update({"steps": marks, "step_source": "marks",
                     "step_time_s": round(step_s / marks, 6) if marks else None,
                     "step_p50_s": round(statistics.median(p50s), 6) if p50s else None,
@@ -301,7 +310,7 @@ def _steps_only(marked: Sequence[dict[str, Any]], marks: int, figures: dict[str,
                 + "; which part of each step waits for data is not timed"]
     v = Verdict(STEPS_ONLY, "unknown", None, evidence=evidence, figures=figures,
                 findings=findings)
-    w = _window(marked, STEPS_ONLY)
+    w = window_of(marked, STEPS_ONLY)
     if w:
         v.windows.append(w)
     v.recommendations.append(Recommendation(
@@ -317,7 +326,7 @@ def _compute_bound(v: Verdict, timed: Sequence[dict[str, Any]]) -> None:
     v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data "
                       f"({(v.figures.get('data_wait_s') or 0) * 1000:.1f} ms of a "
                       f"{step * 1000:.1f} ms step), below the {rules.MODERATE * 100:.0f}% mark")
-    w = _window(timed, "compute-bound")
+    w = window_of(timed, "compute-bound")
     if w:
         v.windows.append(w)
     v.recommendations.append(v.fix(

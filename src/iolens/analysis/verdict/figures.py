@@ -14,24 +14,24 @@ from iolens.analysis.pipeline import Pipeline
 from iolens.analysis.verdict.result import Window
 
 
-def _secs(rec: dict[str, Any]) -> float:
+def secs_of(rec: dict[str, Any]) -> float:
     try:
         return max(0.0, float(rec.get("interval_s") or 0.0))
     except (TypeError, ValueError):
         return 0.0
 
-def _end(rec: dict[str, Any]) -> float:
+def end_of(rec: dict[str, Any]) -> float:
     try:
         return float(rec.get("elapsed_s") or 0.0)
     except (TypeError, ValueError):
         return 0.0
 
-def _window(recs: Sequence[dict[str, Any]], label: str) -> Window | None:
+def window_of(recs: Sequence[dict[str, Any]], label: str) -> Window | None:
     if not recs:
         return None
-    return Window(max(0.0, _end(recs[0]) - _secs(recs[0])), _end(recs[-1]), label)
+    return Window(max(0.0, end_of(recs[0]) - secs_of(recs[0])), end_of(recs[-1]), label)
 
-def _num(d: Any, key: str) -> float:
+def num(d: Any, key: str) -> float:
     try:
         v = d.get(key) if isinstance(d, dict) else None
         return float(v) if v is not None else 0.0
@@ -74,17 +74,17 @@ def device_load(recs: Iterable[dict[str, Any]], name: str) -> DeviceLoad:
         d = (rec.get("devices") or {}).get(name)
         if not isinstance(d, dict):
             continue
-        s = _secs(rec)
+        s = secs_of(rec)
         out.secs += s
-        util += _num(d, "util") * s
-        rkb += _num(d, "rkB_s") * s
-        wkb += _num(d, "wkB_s") * s
-        aqu += _num(d, "aqu_sz") * s
-        ri, wi = _num(d, "r_s") * s, _num(d, "w_s") * s
+        util += num(d, "util") * s
+        rkb += num(d, "rkB_s") * s
+        wkb += num(d, "wkB_s") * s
+        aqu += num(d, "aqu_sz") * s
+        ri, wi = num(d, "r_s") * s, num(d, "w_s") * s
         r_ios += ri
         w_ios += wi
-        r_wait += _num(d, "r_await") * ri
-        w_wait += _num(d, "w_await") * wi
+        r_wait += num(d, "r_await") * ri
+        w_wait += num(d, "w_await") * wi
     if out.secs > 0:
         out.util, out.rkB_s, out.wkB_s = util / out.secs, rkb / out.secs, wkb / out.secs
         out.aqu_sz = aqu / out.secs
@@ -93,18 +93,18 @@ def device_load(recs: Iterable[dict[str, Any]], name: str) -> DeviceLoad:
         out.w_await = w_wait / w_ios if w_ios else 0.0
     return out
 
-def _job_bytes(recs: Iterable[dict[str, Any]], role: str | None = None) -> tuple[float, float]:
+def job_bytes(recs: Iterable[dict[str, Any]], role: str | None = None) -> tuple[float, float]:
     """Bytes the job (or one role) read from and wrote to storage over ``recs``."""
     rd = wr = 0.0
     for rec in recs:
         job = rec.get("job") or {}
         src = (job.get("roles") or {}).get(role) if role else job
-        s = _secs(rec)
-        rd += _num(src, "read_bytes_s") * s
-        wr += _num(src, "write_bytes_s") * s
+        s = secs_of(rec)
+        rd += num(src, "read_bytes_s") * s
+        wr += num(src, "write_bytes_s") * s
     return rd, wr
 
-def _helper_bytes(recs: Iterable[dict[str, Any]]) -> float:
+def helper_bytes(recs: Iterable[dict[str, Any]]) -> float:
     """Bytes read from devices on the job's behalf by processes outside it: the local
     server of a network dataset, a FUSE daemon (NOTE [network storage] in
     iolens/recorder/network.py). They are the job's load, seen one step away."""
@@ -113,62 +113,62 @@ def _helper_bytes(recs: Iterable[dict[str, Any]]) -> float:
         st = rec.get("storage")
         if not isinstance(st, dict):
             continue
-        s = _secs(rec)
+        s = secs_of(rec)
         for fig in st.values():
-            out += (_num(fig, "server_read_bytes_s") + _num(fig, "daemon_read_bytes_s")) * s
+            out += (num(fig, "server_read_bytes_s") + num(fig, "daemon_read_bytes_s")) * s
     return out
 
-def _device_names(records: Sequence[dict[str, Any]]) -> list[str]:
+def device_names(records: Sequence[dict[str, Any]]) -> list[str]:
     names: dict[str, None] = {}
     for rec in records:
         for name in rec.get("devices") or {}:
             names.setdefault(name, None)
     return list(names)
 
-def _train(rec: dict[str, Any]) -> dict[str, Any]:
+def train(rec: dict[str, Any]) -> dict[str, Any]:
     t = rec.get("train")
     return t if isinstance(t, dict) else {}
 
 def timed_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The intervals with timed DataLoader batches: what the model is built from."""
-    return [r for r in records if _timed(r)]
+    return [r for r in records if is_timed(r)]
 
-def _timed(rec: dict[str, Any]) -> bool:
-    t = _train(rec)
-    return t.get("step_source") == "dataloader" and _num(t, "batches") > 0
+def is_timed(rec: dict[str, Any]) -> bool:
+    t = train(rec)
+    return t.get("step_source") == "dataloader" and num(t, "batches") > 0
 
-def _sum(rec: dict[str, Any], part: str) -> float:
-    return _num(_train(rec).get(part) or {}, "sum_s")
+def part_sum(rec: dict[str, Any], part: str) -> float:
+    return num(train(rec).get(part) or {}, "sum_s")
 
-def _share(recs: Iterable[dict[str, Any]]) -> float | None:
+def wait_share(recs: Iterable[dict[str, Any]]) -> float | None:
     wait = step = 0.0
     for r in recs:
-        wait += _sum(r, "data_wait")
-        step += _sum(r, "step")
+        wait += part_sum(r, "data_wait")
+        step += part_sum(r, "step")
     return wait / step if step > 0 else None
 
-def _workers(recs: Sequence[dict[str, Any]]) -> tuple[int, float]:
+def worker_figures(recs: Sequence[dict[str, Any]]) -> tuple[int, float]:
     """Most workers seen at once, and their mean CPU per worker (% of a core) over ``recs``."""
     most = 0
     per_worker: list[tuple[float, float]] = []
     for rec in recs:
         w = ((rec.get("job") or {}).get("roles") or {}).get("worker") or {}
-        n = int(_num(w, "pids"))
+        n = int(num(w, "pids"))
         most = max(most, n)
         if n:
-            per_worker.append((_num(w, "cpu_pct") / n, _secs(rec)))
+            per_worker.append((num(w, "cpu_pct") / n, secs_of(rec)))
     secs = sum(s for _, s in per_worker)
     mean = sum(c * s for c, s in per_worker) / secs if secs else 0.0
     return most, mean
 
-def _machine_idle(recs: Sequence[dict[str, Any]]) -> float | None:
+def machine_idle(recs: Sequence[dict[str, Any]]) -> float | None:
     """Mean idle + iowait percent of all CPUs over ``recs`` (None without CPU figures)."""
-    vals = [(_num(c, "idle") + _num(c, "iowait"), _secs(r))
+    vals = [(num(c, "idle") + num(c, "iowait"), secs_of(r))
             for r in recs if isinstance(c := r.get("cpu"), dict) and c]
     secs = sum(s for _, s in vals)
     return sum(v * s for v, s in vals) / secs if secs else None
 
-def _d_state_share(recs: Sequence[dict[str, Any]]) -> float:
+def d_state_share(recs: Sequence[dict[str, Any]]) -> float:
     """Share of the job's process samples in uninterruptible sleep (state D)."""
     d = total = 0
     for rec in recs:
@@ -181,38 +181,38 @@ def _d_state_share(recs: Sequence[dict[str, Any]]) -> float:
                     d += n
     return d / total if total else 0.0
 
-def _ceiling(share: float) -> str:
+def ceiling_text(share: float) -> str:
     """What removing the data wait entirely would give."""
     if share >= 0.999:
         return "the loop does nothing but wait: any faster input speeds it up in proportion"
     return (f"up to {1 / (1 - share):.2f}x more steps per second if the data wait went to zero "
             f"(it is {share * 100:.0f}% of the step time)")
 
-def _input_windows(timed: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def input_windows(timed: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in timed:
-        s = _share([r])
+        s = wait_share([r])
         if s is not None and s >= rules.MODERATE:
             out.append(r)
     return out or list(timed)
 
-def _handover_share(pipe: Pipeline, win: Sequence[dict[str, Any]]) -> float:
+def handover_share(pipe: Pipeline, win: Sequence[dict[str, Any]]) -> float:
     """The part of the loop's data wait that is the batches' hand-over or the epochs' first
     batches (at most 1: the two overlap in the first batch)."""
-    wait = sum(_sum(r, "data_wait") for r in win)
+    wait = sum(part_sum(r, "data_wait") for r in win)
     if wait <= 0:
         return 0.0
-    batches = sum(_num(_train(r), "batches") for r in win)
+    batches = sum(num(train(r), "batches") for r in win)
     hand = (pipe.handover_s_per_batch or 0.0) * batches
-    starts = sum(_num(x, "sum_s") for r in win
-                 if isinstance(x := _train(r).get("epoch_start_wait"), dict))
+    starts = sum(num(x, "sum_s") for r in win
+                 if isinstance(x := train(r).get("epoch_start_wait"), dict))
     return min(1.0, (hand + starts) / wait)
 
-def _bursty(recs: Sequence[dict[str, Any]]) -> str | None:
+def bursty(recs: Sequence[dict[str, Any]]) -> str | None:
     """Why deeper prefetch would help, when the waits come in bursts (the p95 wait well
     above the median); None when they do not."""
-    p50s = [_num(_train(r).get("data_wait") or {}, "p50_s") for r in recs]
-    p95s = [_num(_train(r).get("data_wait") or {}, "p95_s") for r in recs]
+    p50s = [num(train(r).get("data_wait") or {}, "p50_s") for r in recs]
+    p95s = [num(train(r).get("data_wait") or {}, "p95_s") for r in recs]
     if not p50s:
         return None
     p50, p95 = statistics.median(p50s), statistics.median(p95s)
@@ -221,21 +221,21 @@ def _bursty(recs: Sequence[dict[str, Any]]) -> str | None:
     return (f"the workers fall behind in bursts: the p95 wait {p95 * 1000:.1f} ms against a "
             f"median {p50 * 1000:.1f} ms")
 
-def _peer_figures(win: Sequence[dict[str, Any]], key: str) -> list[tuple[dict[str, Any], float]]:
-    return [(d, _secs(r)) for r in win
+def peer_figures(win: Sequence[dict[str, Any]], key: str) -> list[tuple[dict[str, Any], float]]:
+    return [(d, secs_of(r)) for r in win
             if isinstance(d := (r.get("storage") or {}).get(key), dict)]
 
-def _fuse_waiting(win: Sequence[dict[str, Any]], mount: str) -> float | None:
-    vals = [(_num(d, "waiting"), _secs(r)) for r in win
+def fuse_waiting(win: Sequence[dict[str, Any]], mount: str) -> float | None:
+    vals = [(num(d, "waiting"), secs_of(r)) for r in win
             if isinstance(d := (r.get("storage") or {}).get(mount), dict)
             and d.get("waiting") is not None]
     secs = sum(s for _, s in vals)
     return sum(v * s for v, s in vals) / secs if secs else None
 
-def _span(recs: Sequence[dict[str, Any]]) -> float:
-    return sum(_secs(r) for r in recs)
+def span_of(recs: Sequence[dict[str, Any]]) -> float:
+    return sum(secs_of(r) for r in recs)
 
-def _busiest_read(recs: Sequence[dict[str, Any]]) -> list[str]:
-    loads = [device_load(recs, n) for n in _device_names(recs)]
+def busiest_read(recs: Sequence[dict[str, Any]]) -> list[str]:
+    loads = [device_load(recs, n) for n in device_names(recs)]
     loads = [x for x in loads if x.rkB_s > 0]
     return [max(loads, key=lambda x: x.rkB_s).name] if loads else []

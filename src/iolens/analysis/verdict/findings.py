@@ -12,29 +12,29 @@ from typing import Any
 from iolens.analysis import model as pm
 from iolens.analysis import rules
 from iolens.analysis.verdict.figures import (
-    _device_names,
-    _end,
-    _helper_bytes,
-    _job_bytes,
-    _num,
-    _secs,
-    _share,
-    _span,
-    _sum,
-    _train,
-    _window,
     device_load,
+    device_names,
+    end_of,
+    helper_bytes,
+    job_bytes,
+    num,
+    part_sum,
+    secs_of,
+    span_of,
+    train,
+    wait_share,
+    window_of,
 )
 from iolens.analysis.verdict.ranks import rank_figures, straggler
 from iolens.analysis.verdict.result import Finding, Recommendation, Verdict, Window, clock
 from iolens.core.words import plural
 
 
-def _hang(records: Sequence[dict[str, Any]]) -> Finding | None:
+def hang_finding(records: Sequence[dict[str, Any]]) -> Finding | None:
     """The run ended while the loop waited for a batch (NOTE [no batch for a while] in
     iolens/recorder/sampler.py): a hang, with where each process of the loader waits."""
-    last = _train(records[-1]) if records else {}
-    since = _num(last, "waiting_s")
+    last = train(records[-1]) if records else {}
+    since = num(last, "waiting_s")
     if since <= 0:
         return None
     # Where they waited: each process as most intervals of the hang saw it (a tie goes to
@@ -42,9 +42,9 @@ def _hang(records: Sequence[dict[str, Any]]) -> Finding | None:
     # its signal handler, a main process gone), so no single one speaks for the hang.
     hung: list[dict[str, Any]] = []
     for r in reversed(records[-rules.HANG_LOOKBACK:]):
-        if _num(_train(r), "waiting_s") <= 0:
+        if num(train(r), "waiting_s") <= 0:
             break
-        hung.insert(0, _train(r))
+        hung.insert(0, train(r))
     seen: dict[tuple[bool, int, str], Counter[str]] = {}
     for t in hung:
         for p in t.get("waiting") or []:
@@ -58,17 +58,17 @@ def _hang(records: Sequence[dict[str, Any]]) -> Finding | None:
     return Finding("hang", [
         f"no batch came in the last {since:.0f} s recorded: the loop was waiting in next() "
         "for one"
-        + (f"; {', '.join(where)}" if where else "")], _window(records[-1:], "hang"), [
+        + (f"; {', '.join(where)}" if where else "")], window_of(records[-1:], "hang"), [
         Recommendation(
             "see where the workers wait (py-spy dump --pid PID, or faulthandler), and set "
             "DataLoader(timeout=SECONDS) so that a stuck batch raises instead of hanging; "
             "a spawned worker needs the script's `if __name__ == '__main__':` guard",
             f"the loop waited {since:.0f} s for one batch", "a job that fails fast")])
 
-def _findings(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]],
+def all_findings(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]],
               v: Verdict) -> list[Finding]:
     out: list[Finding] = []
-    hang = _hang(records)
+    hang = hang_finding(records)
     if hang is not None:
         out.append(hang)
     slow = straggler(rank_figures(records))
@@ -82,45 +82,45 @@ def _findings(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]]
 
 def _noisy_neighbors(timed: Sequence[dict[str, Any]]) -> list[Finding]:
     out = []
-    names = _device_names(timed)
+    names = device_names(timed)
     loops = [n for n in names if n.startswith("loop")]
-    span = _span(timed)
+    span = span_of(timed)
     for name in names:
         hit = []
         for r in timed:
             d = (r.get("devices") or {}).get(name) or {}
-            if _num(d, "util") < rules.NEIGHBOR_UTIL:
+            if num(d, "util") < rules.NEIGHBOR_UTIL:
                 continue
-            dev_bytes = (_num(d, "rkB_s") + _num(d, "wkB_s")) * 1024 * _secs(r)
+            dev_bytes = (num(d, "rkB_s") + num(d, "wkB_s")) * 1024 * secs_of(r)
             if dev_bytes <= 0:
                 continue
             # A loop device's reads reach its backing disk from the kernel's loop
             # thread, not from the job: that load is the job's, seen one level down.
-            looped = sum((_num((r.get("devices") or {}).get(lp) or {}, "rkB_s")
-                          + _num((r.get("devices") or {}).get(lp) or {}, "wkB_s")) * 1024
-                         * _secs(r) for lp in loops if lp != name)
-            jr, jw = _job_bytes([r])
-            if (jr + jw + looped + _helper_bytes([r])) / dev_bytes < rules.JOB_SHARE_OWN:
+            looped = sum((num((r.get("devices") or {}).get(lp) or {}, "rkB_s")
+                          + num((r.get("devices") or {}).get(lp) or {}, "wkB_s")) * 1024
+                         * secs_of(r) for lp in loops if lp != name)
+            jr, jw = job_bytes([r])
+            if (jr + jw + looped + helper_bytes([r])) / dev_bytes < rules.JOB_SHARE_OWN:
                 hit.append(r)
-        if hit and _span(hit) >= rules.NEIGHBOR_SHARE_OF_TIME * span:
+        if hit and span_of(hit) >= rules.NEIGHBOR_SHARE_OF_TIME * span:
             load = device_load(hit, name)
-            jr, jw = _job_bytes(hit)
+            jr, jw = job_bytes(hit)
             dev_bytes = (load.rkB_s + load.wkB_s) * 1024 * load.secs
             own = (jr + jw) / dev_bytes if dev_bytes else 0.0
             # A helper's reads (a local server's, a FUSE daemon's) reach its counters an
             # interval early or late: the intervals where they look low are picked by
             # that. Over all the busy intervals they must leave room for a neighbour.
             busy = [r for r in timed
-                    if _num((r.get("devices") or {}).get(name) or {}, "util")
+                    if num((r.get("devices") or {}).get(name) or {}, "util")
                     >= rules.NEIGHBOR_UTIL]
-            helped = _helper_bytes(busy)
+            helped = helper_bytes(busy)
             if helped:
                 b = device_load(busy, name)
                 all_bytes = (b.rkB_s + b.wkB_s) * 1024 * b.secs
-                if all_bytes and (sum(_job_bytes(busy)) + helped) / all_bytes >= (
+                if all_bytes and (sum(job_bytes(busy)) + helped) / all_bytes >= (
                         rules.JOB_SHARE_OWN):
                     continue
-            w = _window(hit, "noisy-neighbor")
+            w = window_of(hit, "noisy-neighbor")
             out.append(Finding("noisy-neighbor", [
                 f"{name} {load.util:.0f}% util, {load.rMB_s:.1f} MB/s read and "
                 f"{load.wMB_s:.1f} MB/s written, only {own * 100:.0f}% of it by this job"
@@ -141,10 +141,10 @@ def _warm_cache(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
     rchar = disk = secs = 0.0
     for r in timed:
         src = ((r.get("job") or {}).get("roles") or {}).get(role) or {}
-        s = _secs(r)
+        s = secs_of(r)
         secs += s
-        rchar += _num(src, "rchar_s") * s
-        disk += _num(src, "read_bytes_s") * s
+        rchar += num(src, "rchar_s") * s
+        disk += num(src, "read_bytes_s") * s
     if secs <= 0 or rchar / secs < rules.WARM_CACHE_MIN_RCHAR:
         return []
     hit = max(0.0, 1 - disk / rchar)
@@ -155,10 +155,10 @@ def _warm_cache(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
     return [Finding("warm-cache", [
         f"{hit * 100:.0f}% of what the {role} processes read came from the page cache "
         f"({rchar / secs / 2**20:.1f} MB/s read, {disk / secs / 2**20:.1f} MB/s from disk)."
-        + (caveat if v.cls != "storage-bound" else "")], _window(timed, "warm-cache"))]
+        + (caveat if v.cls != "storage-bound" else "")], window_of(timed, "warm-cache"))]
 
 def _cold_start(timed: Sequence[dict[str, Any]]) -> list[Finding]:
-    span = _span(timed)
+    span = span_of(timed)
     if len(timed) < 5 or span <= 0:
         return []
     first: list[dict[str, Any]] = []
@@ -167,15 +167,15 @@ def _cold_start(timed: Sequence[dict[str, Any]]) -> list[Finding]:
         if acc >= rules.COLD_START_SHARE_OF_TIME * span:
             break
         first.append(r)
-        acc += _secs(r)
+        acc += secs_of(r)
     rest = list(timed[len(first):])
-    a, b = _share(first), _share(rest)
+    a, b = wait_share(first), wait_share(rest)
     if a is None or b is None or a < rules.HIGH or a < rules.COLD_START_RATIO * b:
         return []
-    w = _window(first, "cold-start")
+    w = window_of(first, "cold-start")
     return [Finding("cold-start", [
         f"the loop waited {a * 100:.0f}% of its step time for data in its first "
-        f"{_span(first):.0f} s" + (f" ({w.text()})" if w else "")
+        f"{span_of(first):.0f} s" + (f" ({w.text()})" if w else "")
         + f", then {b * 100:.0f}%: the cache filled or the workers warmed up"], w, [
         Recommendation("judge throughput after the start-up, or warm the cache first "
                        "(read the dataset once, vmtouch)",
@@ -183,11 +183,11 @@ def _cold_start(timed: Sequence[dict[str, Any]]) -> list[Finding]:
                        "a steady measurement")])]
 
 def _epoch_start(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
-    starts = [_train(r).get("epoch_start_wait") for r in timed]
-    starts_n = sum(_num(s, "count") for s in starts if isinstance(s, dict))
-    starts_sum = sum(_num(s, "sum_s") for s in starts if isinstance(s, dict))
-    waits = [_num(_train(r).get("data_wait") or {}, "p50_s") for r in timed]
-    step_total = sum(_sum(r, "step") for r in timed)
+    starts = [train(r).get("epoch_start_wait") for r in timed]
+    starts_n = sum(num(s, "count") for s in starts if isinstance(s, dict))
+    starts_sum = sum(num(s, "sum_s") for s in starts if isinstance(s, dict))
+    waits = [num(train(r).get("data_wait") or {}, "p50_s") for r in timed]
+    step_total = sum(part_sum(r, "step") for r in timed)
     if not starts_n or not waits or step_total <= 0:
         return []
     mean_start = starts_sum / starts_n
@@ -207,9 +207,9 @@ def _epoch_start(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
         # A streaming library copies the data into a cache it then reads: the first
         # batches wait for the copy (NOTE [storage roles] in iolens/recorder/storage.py).
         source = next((x for x in v.storage if x.get("role") == "source"), None)
-        copied = sum(_num(((r.get("job") or {}).get("roles") or {}).get(role), "wchar_s")
-                     * _secs(r) for r in timed for role in ("worker", "main"))
-        secs = _span(timed) or 1.0
+        copied = sum(num(((r.get("job") or {}).get("roles") or {}).get(role), "wchar_s")
+                     * secs_of(r) for r in timed for role in ("worker", "main"))
+        secs = span_of(timed) or 1.0
         evidence.append(
             f"the job copies the data into a cache on {cache['mount']}"
             + (f" from {source['mount']}" if source else "")
@@ -244,7 +244,7 @@ def _epoch_start(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
 _BLIND = ("the verdict rests on the training loop's timing (data wait share, step time) and "
           "the job's processes alone")
 
-def _no_disk_stats(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> Finding | None:
+def no_disk_stats(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> Finding | None:
     """The ``no-disk-stats`` finding when device figures are missing for the whole run or
     stopped partway (the recorder's note says why), else None."""
     notes = [n for n in meta.get("notes") or [] if isinstance(n, str)]
@@ -254,8 +254,8 @@ def _no_disk_stats(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> F
         last = seen[-1]
         if stopped is None or last == len(records) - 1:
             return None
-        at = _end(records[last])
-        w = Window(at, _end(records[-1]), "no-disk-stats")
+        at = end_of(records[last])
+        w = Window(at, end_of(records[-1]), "no-disk-stats")
         return Finding("no-disk-stats", [
             f"{stopped} (at {clock(at)}); from then on {_BLIND}"], w)
     why = next((n for n in notes if "statistic" in n), None)

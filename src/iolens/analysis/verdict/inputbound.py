@@ -12,61 +12,61 @@ from iolens.analysis import rules
 from iolens.analysis.pipeline import pipeline
 from iolens.analysis.verdict.figures import (
     DeviceLoad,
-    _bursty,
-    _busiest_read,
-    _ceiling,
-    _d_state_share,
-    _device_names,
-    _handover_share,
-    _helper_bytes,
-    _input_windows,
-    _job_bytes,
-    _machine_idle,
-    _num,
-    _span,
-    _train,
-    _window,
-    _workers,
+    bursty,
+    busiest_read,
+    ceiling_text,
+    d_state_share,
     device_load,
+    device_names,
+    handover_share,
+    helper_bytes,
+    input_windows,
+    job_bytes,
+    machine_idle,
+    num,
+    span_of,
+    train,
+    window_of,
+    worker_figures,
 )
-from iolens.analysis.verdict.remote import _network_store, _storage_from_inside
+from iolens.analysis.verdict.remote import network_store, storage_from_inside
 from iolens.analysis.verdict.result import Recommendation, Verdict
 from iolens.analysis.verdict.storage import (
-    _packed,
-    _saturated_device,
-    _waits_on_storage,
+    packed_text,
     reads_dataset,
+    saturated_device,
+    waits_on_storage,
 )
 from iolens.analysis.verdict.workers import (
-    _fewer_workers,
-    _handover_bound,
-    _more_workers,
-    _raise_workers,
-    _tune,
     fetch_text,
+    fewer_workers,
+    handover_bound,
+    raise_workers,
+    tune,
+    workers_to_add,
 )
 from iolens.core.words import plural
 
 
-def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any]) -> None:
+def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any]) -> None:
     share = v.data_wait_share or 0.0
-    win = _input_windows(timed)
-    window = _window(win, "input-bound")
+    win = input_windows(timed)
+    window = window_of(win, "input-bound")
     when = f", {window.text()}" if window else ""
-    ceiling = _ceiling(share)
-    job_read, _ = _job_bytes(win)
-    job_read += _helper_bytes(win)
-    workers, worker_cpu = _workers(win)
-    declared = max([int(_num(_train(r), "num_workers")) for r in timed]
-                   + [int(_num(d, "num_workers")) for d in v.loaders], default=0)
-    plain = (not declared and any(_train(r).get("iterable_loader") is True for r in timed))
+    ceiling = ceiling_text(share)
+    job_read, _ = job_bytes(win)
+    job_read += helper_bytes(win)
+    workers, worker_cpu = worker_figures(win)
+    declared = max([int(num(train(r), "num_workers")) for r in timed]
+                   + [int(num(d, "num_workers")) for d in v.loaders], default=0)
+    plain = (not declared and any(train(r).get("iterable_loader") is True for r in timed))
     unseen = workers == 0 and declared > 0  # short-lived workers between two samples
     workers = max(workers, declared) if unseen else workers
-    idle = _machine_idle(win)
+    idle = machine_idle(win)
     cpus = int(meta.get("cpus") or 0)
     # storage: the busiest device the job's reads make up, saturated or slow
     best: tuple[DeviceLoad, float] | None = None
-    for name in _device_names(win):
+    for name in device_names(win):
         load = device_load(win, name)
         dev_bytes = load.rkB_s * 1024 * load.secs
         own = min(1.0, job_read / dev_bytes) if dev_bytes > 0 else 0.0
@@ -74,9 +74,9 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
             load.r_await >= rules.AWAIT_SLOW_MS and load.aqu_sz >= rules.QUEUE_BUSY)
         if busy and own >= rules.JOB_SHARE_OWN and (best is None or load.util > best[0].util):
             best = (load, own)
-    d_share = _d_state_share(win)
+    d_share = d_state_share(win)
     # Without device figures nothing says the storage is idle: say it was not measured.
-    measured = bool(_device_names(win))
+    measured = bool(device_names(win))
     storage = "the storage not saturated" if measured else "the storage not measured"
     pipe = pipeline(win, meta)
     idle_workers = pipe is not None and (pipe.worker_idle_share or 0.0) >= rules.WORKERS_IDLE
@@ -88,7 +88,7 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
     if top is not None and top.get("kind") == "network" and pipe is not None and (
             best is not None or (blocked and not idle_workers
                                  and reads_dataset(pipe, v.storage))):
-        _network_store(v, pipe, win, top, best[0] if best is not None else None,
+        network_store(v, pipe, win, top, best[0] if best is not None else None,
                        share=share, when=when, ceiling=ceiling, workers=workers)
     elif best is not None:
         load, own = best
@@ -100,28 +100,28 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
         v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
         if pipe is not None:
             v.evidence.append(fetch_text(pipe))
-        _saturated_device(v, load, ceiling=ceiling, workers=workers,
-                          iterable=any(_train(r).get("iterable_loader") is True for r in win)
+        saturated_device(v, load, ceiling=ceiling, workers=workers,
+                          iterable=any(train(r).get("iterable_loader") is True for r in win)
                           or any(d.get("iterable") is True for d in v.loaders),
-                          packed=_packed(v, pipe))
+                          packed=packed_text(v, pipe))
     elif (pipe is not None and blocked and not idle_workers
-          and _waits_on_storage(pipe, win, v.storage, d_share)):
-        _storage_from_inside(v, pipe, win, share=share, when=when, ceiling=ceiling,
+          and waits_on_storage(pipe, win, v.storage, d_share)):
+        storage_from_inside(v, pipe, win, share=share, when=when, ceiling=ceiling,
                              workers=workers)
     elif pipe is None and d_share >= rules.D_STATE_SHARE and job_read > 0:
         v.cls = "storage-bound"
-        v.devices = _busiest_read(win)
+        v.devices = busiest_read(win)
         v.evidence.append(
             f"the job's processes were blocked on I/O (state D) in {d_share * 100:.0f}% of "
-            f"the samples while reading {job_read / max(_span(win), 1e-9) / 2**20:.1f} MB/s, "
+            f"the samples while reading {job_read / max(span_of(win), 1e-9) / 2**20:.1f} MB/s, "
             f"yet no device they read is saturated: the limit is above the device (a cgroup "
             f"I/O throttle, a network or FUSE filesystem){when}")
         v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
         v.recommendations.append(Recommendation(
             "lift the I/O limit (cgroup io.max / blkio throttle) or copy the dataset to "
             "local storage or RAM first", "reads wait above the block device", ceiling))
-    elif pipe is not None and idle_workers and _handover_share(pipe, win) >= rules.HANDOVER_SHARE:
-        _handover_bound(v, pipe, win, share=share, when=when, workers=workers)
+    elif pipe is not None and idle_workers and handover_share(pipe, win) >= rules.HANDOVER_SHARE:
+        handover_bound(v, pipe, win, share=share, when=when, workers=workers)
     elif (pipe is not None and on_cpu and not idle_workers) or (pipe is None and workers and (
             worker_cpu >= rules.WORKER_CPU_BUSY or (
                 worker_cpu >= rules.WORKER_CPU_SOME and idle is not None
@@ -139,12 +139,12 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
                              else "the storage was not measured"))
         if pipe is not None:
             v.evidence.append(fetch_text(pipe))
-        fewer = _fewer_workers(v, pipe, workers)
+        fewer = fewer_workers(v, pipe, workers)
         if fewer is not None:
             v.offer(fewer)
         target = v.model.workers_to_next_limit() if v.model is not None else None
         if fewer is None and target is not None and target > workers:
-            v.offer(_raise_workers(v, workers, target, f"{free:.1f} cores are idle while "
+            v.offer(raise_workers(v, workers, target, f"{free:.1f} cores are idle while "
                                    "each worker is busy" if free >= 1 else
                                    "the workers' CPU use leaves room", ceiling))
         elif v.model is None and free >= 1:
@@ -159,7 +159,7 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
             f"the workers spend {worker_cpu:.0f}% of a core each on CPU work"
             if workers else "the CPUs are busy", ceiling, {"fetch_cpu": 0.5},
             pm.cheaper_fetch(0.5), basis=["if the per-sample CPU cost halved"]))
-        v.recommendations.append(_tune(v))
+        v.recommendations.append(tune(v))
     else:
         v.cls = "loader-starved"
         if unseen:
@@ -199,7 +199,7 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
                     "wait behind each other", {"in_order": False}))
         model_target = v.model.workers_to_next_limit() if v.model is not None else None
         target = (model_target if v.model is not None
-                  else _more_workers(workers, worker_cpu, cpus, idle)) or workers
+                  else workers_to_add(workers, worker_cpu, cpus, idle)) or workers
         why_more = (("neither the device nor the workers' CPU is saturated"
                      if measured else
                      "the workers' CPU is not saturated (the device was not measured)")
@@ -214,16 +214,16 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
                 {"num_workers": 1}, pm.more_workers(1),
                 basis=["one reader ahead of the loop, as one worker"]))
         elif target > workers and v.model is not None:
-            v.offer(_raise_workers(v, workers, target, why_more, ceiling))
+            v.offer(raise_workers(v, workers, target, why_more, ceiling))
         elif v.model is not None and workers and model_target is None:
             # The model's workers do not bind: one more is the candidate it sizes (offered
             # only if the model predicts it gains; else it is declined with its figure).
-            v.offer(_raise_workers(v, workers, workers + 1, why_more, ceiling))
+            v.offer(raise_workers(v, workers, workers + 1, why_more, ceiling))
         elif target > workers:
             v.recommendations.append(Recommendation(
                 f"raise num_workers from {workers} to {target}", why_more, ceiling,
                 change={"num_workers": target}))
-        bursts = _bursty(win)
+        bursts = bursty(win)
         if workers and bursts:
             prefetch = max((int(d.get("prefetch_factor") or 2) for d in v.loaders
                             if int(d.get("num_workers") or 0) > 0), default=2)
@@ -242,7 +242,7 @@ def _input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, An
                 "use pin_memory=True in the DataLoader and .to(device, non_blocking=True)",
                 "host-to-GPU copies then overlap the step", "overlapped copies", None,
                 "the model does not time the host-to-GPU copy", {"pin_memory": True}))
-        v.recommendations.append(_tune(v))
+        v.recommendations.append(tune(v))
     if window is not None:
         window.label = v.cls
         v.windows.append(window)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from iolens.analysis import rules
-from iolens.analysis.verdict.figures import _num, _train
+from iolens.analysis.verdict.figures import num, train
 from iolens.analysis.verdict.result import Finding, Recommendation
 
 
@@ -17,11 +17,11 @@ def rank_figures(records: Sequence[dict[str, Any]], host: str | None = None
     """Per rank over the run: batches, data wait and step seconds, share (multi-rank jobs)."""
     acc: dict[str, list[float]] = {}
     for r in records:
-        for rank, d in (_train(r).get("ranks") or {}).items():
+        for rank, d in (train(r).get("ranks") or {}).items():
             a = acc.setdefault(str(rank), [0.0, 0.0, 0.0])
-            a[0] += _num(d, "batches")
-            a[1] += _num(d, "data_wait_s")
-            a[2] += _num(d, "step_s")
+            a[0] += num(d, "batches")
+            a[1] += num(d, "data_wait_s")
+            a[2] += num(d, "step_s")
     out = []
     for rank, (n, wait, step) in sorted(acc.items(), key=lambda kv: _rank_key(kv[0])):
         out.append({"rank": rank, "host": host, "batches": int(n), "data_wait_s": round(wait, 6),

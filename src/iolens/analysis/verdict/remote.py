@@ -13,17 +13,17 @@ from iolens.analysis import rules
 from iolens.analysis.pipeline import Pipeline
 from iolens.analysis.verdict.figures import (
     DeviceLoad,
-    _fuse_waiting,
-    _num,
-    _peer_figures,
     device_load,
+    fuse_waiting,
+    num,
+    peer_figures,
 )
 from iolens.analysis.verdict.result import Recommendation, Verdict
-from iolens.analysis.verdict.storage import _probe_rec, _samples_per_s, _store_limited
-from iolens.analysis.verdict.workers import _raise_workers, fetch_text
+from iolens.analysis.verdict.storage import probe_rec, samples_per_s_of, store_limited
+from iolens.analysis.verdict.workers import fetch_text, raise_workers
 
 
-def _storage_from_inside(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *,
+def storage_from_inside(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *,
                          share: float, when: str, ceiling: str, workers: int) -> None:
     """storage-bound from the workers' own timing: the fetch blocks off CPU while reading
     the dataset, whatever serves it (a FUSE or NFS mount, a throttled device)."""
@@ -41,7 +41,7 @@ def _storage_from_inside(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any
         what = "storage iolens could not map"
     v.evidence.append(f"the fetch blocks off CPU while it reads the dataset from {what}{when}")
     v.evidence.append(fetch_text(pipe))
-    waiting = _fuse_waiting(win, where["mount"]) if where is not None else None
+    waiting = fuse_waiting(win, where["mount"]) if where is not None else None
     if waiting is not None:
         v.evidence.append(f"{waiting:.1f} requests waiting on the FUSE connection on average")
     v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
@@ -57,16 +57,16 @@ def _storage_from_inside(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any
         limit = v.probe.get("limit") if v.probe else None
         if limit == "rate":
             # The store serves a fixed number of requests a second: what it serves now.
-            _store_limited(v, _samples_per_s(v))
+            store_limited(v, samples_per_s_of(v))
             v.evidence.append(
                 f"the storage probe: the store serves about "
-                f"{_num(v.probe, 'iops_ceiling'):.0f} requests/s however many are in "
+                f"{num(v.probe, 'iops_ceiling'):.0f} requests/s however many are in "
                 "flight (a rate limit): more workers cannot fetch faster")
         target = v.model.workers_to_next_limit() if v.model is not None else None
         more = target or (max(2 * workers, workers + 2) if workers else 4)
         if limit == "latency":
             if target is not None:
-                v.offer(_raise_workers(v, workers, more, "the probe found the store answers "
+                v.offer(raise_workers(v, workers, more, "the probe found the store answers "
                                        "more requests at once about as fast as one: its "
                                        "latency, not a rate limit, sets the pace", ceiling))
             v.offer(cache)
@@ -74,12 +74,12 @@ def _storage_from_inside(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any
             v.offer(cache)
             v.recommendations.append(v.fix(
                 f"do not add DataLoader workers: the store limits the rate at about "
-                f"{_num(v.probe, 'iops_ceiling'):.0f} requests/s",
+                f"{num(v.probe, 'iops_ceiling'):.0f} requests/s",
                 "the probe found more requests in flight are not served faster", "none",
                 {"num_workers": more}, pm.more_workers(more), basis=[f"{more} workers"]))
         else:
             v.offer(cache)
-            v.recommendations.append(_probe_rec(
+            v.recommendations.append(probe_rec(
                 v, "whether the store answers slowly (then more workers help) "
                 "or limits the requests it serves (then only a cache does) decides the fix"))
             v.offer(_if_slow_store(
@@ -109,9 +109,9 @@ def net_scaling(figs: Sequence[tuple[dict[str, Any], float]]) -> str | None:
     rules.NET_SCALING_INTERVALS intervals or more)."""
     by: dict[int, list[float]] = {}
     for d, _ in figs:
-        n = int(_num(d, "connections"))
+        n = int(num(d, "connections"))
         if n >= 1:
-            by.setdefault(n, []).append(_num(d, "rx_bytes_s"))
+            by.setdefault(n, []).append(num(d, "rx_bytes_s"))
     levels = sorted(n for n, xs in by.items() if len(xs) >= rules.NET_SCALING_INTERVALS)
     if len(levels) < 2:
         return None
@@ -127,7 +127,7 @@ def net_scaling(figs: Sequence[tuple[dict[str, Any], float]]) -> str | None:
         return "latency"
     return None
 
-def _network_store(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]],
+def network_store(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]],
                    where: dict[str, Any], load: DeviceLoad | None, *, share: float,
                    when: str, ceiling: str, workers: int) -> None:
     """storage-bound on a store the job reads over the network (NOTE [network storage]
@@ -137,11 +137,11 @@ def _network_store(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]],
     connections answers slowly: more requests in flight help."""
     v.cls = "storage-bound"
     name = str(where.get("mount"))
-    figs = _peer_figures(win, str(where.get("peer") or ""))
+    figs = peer_figures(win, str(where.get("peer") or ""))
     secs = sum(s for _, s in figs) or 1.0
-    rx = sum(_num(d, "rx_bytes_s") * s for d, s in figs) / secs
-    conns = sum(_num(d, "connections") * s for d, s in figs) / secs
-    new = sum(_num(d, "new_connections_s") * s for d, s in figs) / secs
+    rx = sum(num(d, "rx_bytes_s") * s for d, s in figs) / secs
+    conns = sum(num(d, "connections") * s for d, s in figs) / secs
+    new = sum(num(d, "new_connections_s") * s for d, s in figs) / secs
     server = (f", served by {where.get('server') or 'a process'} (pid {where['server_pid']}) "
               "on this machine" if where.get("server_pid") else "")
     v.evidence.append(f"the fetch blocks off CPU while it reads the dataset over the network "
@@ -172,14 +172,14 @@ def _network_store(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]],
     more = target or (max(2 * workers, workers + 2) if workers else 4)
     if why is not None:
         v.evidence.append(why + ": more requests in flight are not served faster")
-        _store_limited(v, _samples_per_s(v))
+        store_limited(v, samples_per_s_of(v))
         v.offer(cache)
         v.recommendations.append(v.fix(
             f"do not add DataLoader workers: {why}", "more requests in flight are not "
             "served faster", "none", {"num_workers": more}, pm.more_workers(more),
             basis=[f"{more} workers"]))
     elif scaling == "latency":
-        v.offer(_raise_workers(v, workers, more, "the store answers slowly: more requests in "
+        v.offer(raise_workers(v, workers, more, "the store answers slowly: more requests in "
                                "flight are served about as fast each", ceiling))
         v.offer(cache)
     else:
@@ -193,7 +193,7 @@ def _if_slow_store(v: Verdict, workers: int, more: int, ceiling: str, because: s
                    unless: str, basis: str) -> Recommendation:
     """More workers, on the condition the run cannot settle: that the store answers each
     request slowly rather than ``unless`` (a rate limit, a cap on its throughput)."""
-    rec = _raise_workers(v, workers, more, because, ceiling)
+    rec = raise_workers(v, workers, more, because, ceiling)
     rec.action = (f"if the store answers each request slowly rather than {unless}, keep more "
                   "requests in flight: " + rec.action)
     if rec.prediction is not None:

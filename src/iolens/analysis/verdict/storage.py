@@ -11,11 +11,11 @@ from iolens.analysis import model as pm
 from iolens.analysis import rules
 from iolens.analysis.model import Model
 from iolens.analysis.pipeline import Pipeline
-from iolens.analysis.verdict.figures import DeviceLoad, _num, device_load
+from iolens.analysis.verdict.figures import DeviceLoad, device_load, num
 from iolens.analysis.verdict.result import Recommendation, Verdict
 
 
-def _probe_for(meta: dict[str, Any], storage: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def probe_for(meta: dict[str, Any], storage: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """The storage probe's result (meta's ``storage_probe``, from ``iolens probe --storage
     PATH --run RUN``) when it probed what serves the dataset: the same mount or device."""
     p = meta.get("storage_probe")
@@ -29,7 +29,7 @@ def _probe_for(meta: dict[str, Any], storage: Sequence[dict[str, Any]]) -> dict[
             or (p.get("device") is not None and p.get("device") == top.get("device")))
     return p if same else None
 
-def _probe_rec(v: Verdict, settles: str) -> Recommendation:
+def probe_rec(v: Verdict, settles: str) -> Recommendation:
     """The probe of the dataset's storage, where it would settle the advice."""
     return Recommendation(
         f"measure the storage's ceilings: `iolens probe --storage {_where(v)} --run "
@@ -38,17 +38,17 @@ def _probe_rec(v: Verdict, settles: str) -> Recommendation:
         settles, "a prediction for the fix that fits",
         unavailable="a measurement, not a change: it settles which fix to predict")
 
-def _store_limited(v: Verdict, samples_per_s: float) -> None:
+def store_limited(v: Verdict, samples_per_s: float) -> None:
     """From here on the model knows the storage serves at most ``samples_per_s``."""
     m = v.model
     if m is not None:
         v.model = Model(m.records, m.cpus, storage_sps=samples_per_s)
 
-def _samples_per_s(v: Verdict) -> float:
+def samples_per_s_of(v: Verdict) -> float:
     m = v.model
     return m.whole.steps_per_s * m.whole.batch if m is not None and m.whole else 0.0
 
-def _packed(v: Verdict, pipe: Pipeline | None) -> str | None:
+def packed_text(v: Verdict, pipe: Pipeline | None) -> str | None:
     """Whether the dataset sits in large files already (LMDB, HDF5, Arrow, tar shards):
     ``blocks`` when it is also read in blocks (a block sampler, or streamed), ``scattered``
     when it is read one sample at a time, None when it is a file per sample (or unknown).
@@ -57,7 +57,7 @@ def _packed(v: Verdict, pipe: Pipeline | None) -> str | None:
     has the largest data file the job held open or mapped."""
     top = v.storage[0] if v.storage else {}
     per = (pipe.bytes_per_sample or 0.0) if pipe is not None else 0.0
-    large = _num(top, "largest_file") >= max(rules.PACKED_FILE_BYTES,
+    large = num(top, "largest_file") >= max(rules.PACKED_FILE_BYTES,
                                              rules.PACKED_FILE_SAMPLES * per)
     if not (large or top.get("mapped")):
         return None
@@ -71,7 +71,7 @@ def block_sampled(v: Verdict) -> bool:
     pack advice names)."""
     return any("BlockShuffleSampler" in str(d.get("sampler") or "") for d in v.loaders)
 
-def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: int,
+def saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: int,
                       iterable: bool = False, packed: str | None = None) -> None:
     """A device the job's reads saturate, or keep slow with a queue: what it serves now is
     its ceiling in this reading pattern. A cache lifts it; a pack only where the device
@@ -81,9 +81,9 @@ def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: in
     word = "saturated" if load.util >= rules.UTIL_SATURATED else "slow"
     state = word if word == "saturated" else (
         f"slow ({load.r_await:.1f} ms a read, {load.aqu_sz:.1f} queued)")
-    sps = _samples_per_s(v)
+    sps = samples_per_s_of(v)
     if sps > 0:
-        _store_limited(v, sps * 100 / max(load.util, rules.UTIL_SATURATED))
+        store_limited(v, sps * 100 / max(load.util, rules.UTIL_SATURATED))
     small = load.rareq_kib < rules.SMALL_READ_KIB
     probe = v.probe
     cache = v.fix(
@@ -120,7 +120,7 @@ def _saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: in
     elif small:
         v.offer(cache)
         if v.storage:  # (the probe needs a path on the storage: never a placeholder)
-            v.recommendations.append(_probe_rec(
+            v.recommendations.append(probe_rec(
                 v, "whether the device limits requests (then packing helps) or bytes "
                 "(then only a cache or faster storage does) decides the fix"))
         v.recommendations.append(Recommendation(
@@ -167,15 +167,15 @@ def _where(v: Verdict) -> str:
     return str(folders[0] if folders and isinstance(folders[0], str) else top["mount"])
 
 def _mb(probe: dict[str, Any] | None) -> str:
-    bw = _num(probe, "bandwidth_ceiling")
+    bw = num(probe, "bandwidth_ceiling")
     return f"{bw / 2**20:.1f}"
 
 def _pack_rec(v: Verdict, probe: dict[str, Any], load: DeviceLoad, *, action: str,
               because: str, ceiling: str) -> Recommendation:
     """Packing on a device that limits requests: the same bytes in requests of about
     PACK_REQUEST_BYTES, each costing one of the device's requests."""
-    sps = _samples_per_s(v)
-    iops, bw = _num(probe, "iops_ceiling"), _num(probe, "bandwidth_ceiling")
+    sps = samples_per_s_of(v)
+    iops, bw = num(probe, "iops_ceiling"), num(probe, "bandwidth_ceiling")
     per = (load.rkB_s * 1024 / sps) if sps > 0 else 0.0  # device bytes per sample now
     m = v.model
     if per <= 0 or iops <= 0 or bw <= 0 or m is None or m.whole is None:
@@ -185,7 +185,7 @@ def _pack_rec(v: Verdict, probe: dict[str, Any], load: DeviceLoad, *, action: st
     # In order, the kernel reads a pack in requests of its readahead window, the size the
     # probe read at; a batch larger than the window is read in one larger request.
     seq = probe.get("sequential") or {}
-    window = _num(seq, "request_bytes") or rules.PACK_REQUEST_BYTES
+    window = num(seq, "request_bytes") or rules.PACK_REQUEST_BYTES
     request = max(per, window, min(m.whole.batch * per, rules.PACK_REQUEST_BYTES))
     packed = min(iops * request / per, bw / per)
     fetch = m.whole.fetch_cpu_s + per / bw
@@ -205,7 +205,7 @@ def reads_dataset(pipe: Pipeline, storage: Sequence[dict[str, Any]] = ()) -> boo
             or (pipe.disk_bytes_per_sample or 0.0) >= least
             or any(s.get("mapped") for s in storage[:1]))
 
-def _waits_on_storage(pipe: Pipeline, win: Sequence[dict[str, Any]],
+def waits_on_storage(pipe: Pipeline, win: Sequence[dict[str, Any]],
                       storage: list[dict[str, Any]], d_share: float) -> bool:
     """Whether a fetch that blocks off CPU blocks on the dataset's storage.
 

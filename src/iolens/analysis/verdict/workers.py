@@ -10,19 +10,19 @@ from typing import Any
 from iolens.analysis import model as pm
 from iolens.analysis import rules
 from iolens.analysis.pipeline import Pipeline
-from iolens.analysis.verdict.figures import _num, _sum, _train
+from iolens.analysis.verdict.figures import num, part_sum, train
 from iolens.analysis.verdict.result import Recommendation, Verdict
 from iolens.core.words import plural
 
 
-def _raise_workers(v: Verdict, workers: int, target: int, because: str,
+def raise_workers(v: Verdict, workers: int, target: int, because: str,
                    ceiling: str) -> Recommendation:
     """More workers, as many as reach the next limit (the model's number, not a doubling);
     from none, in a run that began several epochs, persistent ones (NOTE [an epoch's first
     batch from workers] in iolens/analysis/model.py): workers started anew each epoch cost
     that epoch their start, which the model does not know from a run without them."""
     action, change = f"raise num_workers from {workers} to {target}", {"num_workers": target}
-    epochs = (sum(_num(_train(r), "epochs_started") for r in v.model.records)
+    epochs = (sum(num(train(r), "epochs_started") for r in v.model.records)
               if v.model is not None else 0)
     if not workers and epochs >= 2:
         action += " and set persistent_workers=True"
@@ -30,7 +30,7 @@ def _raise_workers(v: Verdict, workers: int, target: int, because: str,
     return v.fix(action, because, ceiling, change, pm.more_workers(target),
                  basis=[f"{target} workers, each making a batch in the time one takes now"])
 
-def _fewer_workers(v: Verdict, pipe: Pipeline | None, workers: int) -> Recommendation | None:
+def fewer_workers(v: Verdict, pipe: Pipeline | None, workers: int) -> Recommendation | None:
     """Fewer workers, as many as the job has cores, where more workers than that queue for
     the cores (NOTE [a fetch that waits for a core] in iolens/analysis/pipeline.py): each
     process beyond the cores costs CPU of its own (switches, caches, its epoch start) and
@@ -72,7 +72,7 @@ def fetch_text(pipe: Pipeline) -> str:
         out += f"; the workers idle {idle * 100:.0f}% of their time"
     return out
 
-def _nothing_to_gain(v: Verdict) -> None:
+def nothing_to_gain(v: Verdict) -> None:
     """A moderate wait where no fix the model sizes gains MIN_GAIN: the first advice is to
     leave the input pipeline alone, with the best candidate's figure, rather than a change
     that gains nothing or an advice not to change."""
@@ -89,7 +89,7 @@ def _nothing_to_gain(v: Verdict) -> None:
         v.recommendations.remove(r)
         v.declined.append(r)
     # (a search for better loader settings, which the model says would find none, goes too)
-    v.recommendations = [r for r in v.recommendations if r.action != _tune(v).action]
+    v.recommendations = [r for r in v.recommendations if r.action != tune(v).action]
     short = best.action.split(":")[0].split(", so that")[0]
     v.recommendations.insert(0, Recommendation(
         f"leave the input pipeline as it is: no change iolens can size gains "
@@ -99,16 +99,16 @@ def _nothing_to_gain(v: Verdict) -> None:
         "change the model sizes leaves most of it", "none from the input side", None,
         "nothing to change: the figure is the best candidate's"))
 
-def _epoch_starts_first(v: Verdict, timed: Sequence[dict[str, Any]]) -> None:
+def epoch_starts_first(v: Verdict, timed: Sequence[dict[str, Any]]) -> None:
     """Workers started anew each epoch (not persistent), whose epoch starts after the run's
     first are a large part of the data wait: keeping the workers comes first, with its
     prediction, whatever the steady batches wait for."""
     f = v.model.whole if v.model is not None else None
     if f is None or not f.workers or v.already("persistent_workers", True):
         return
-    batches = sum(_num(_train(r), "batches") for r in timed)
-    wait = sum(_sum(r, "data_wait") for r in timed)
-    steps = sum(_sum(r, "step") for r in timed)
+    batches = sum(num(train(r), "batches") for r in timed)
+    wait = sum(part_sum(r, "data_wait") for r in timed)
+    steps = sum(part_sum(r, "step") for r in timed)
     # (the start is in the first batch's wait, or in its step where iter() waits for the
     # workers: both are the epoch start's, NOTE [epoch starts in the model])
     later = (f.epoch_start_s - f.first_start_s) * batches
@@ -131,16 +131,16 @@ def _epoch_starts_first(v: Verdict, timed: Sequence[dict[str, Any]]) -> None:
                       f"anew (persistent_workers=False): their first batches took {later:.1f} s "
                       f"beyond a steady step, {later / steps * 100:.0f}% of the step time")
 
-def _handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *,
+def handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *,
                     share: float, when: str, workers: int) -> None:
     """The workers keep up: the wait left is the hand-over of each batch or the epochs'
     starts, which more workers do not shorten."""
     v.cls = "handover-bound"
-    batches = sum(_num(_train(r), "batches") for r in win)
-    wait = sum(_sum(r, "data_wait") for r in win)
+    batches = sum(num(train(r), "batches") for r in win)
+    wait = sum(part_sum(r, "data_wait") for r in win)
     hand = pipe.handover_s_per_batch
-    starts = [_train(r).get("epoch_start_wait") for r in win]
-    start_s = sum(_num(x, "sum_s") for x in starts if isinstance(x, dict))
+    starts = [train(r).get("epoch_start_wait") for r in win]
+    start_s = sum(num(x, "sum_s") for x in starts if isinstance(x, dict))
     v.evidence.append(f"{plural(workers, 'DataLoader worker')} idle "
                       f"{(pipe.worker_idle_share or 0) * 100:.0f}"
                       f"% of their time: they have the batches ready before the loop asks"
@@ -185,7 +185,7 @@ def _handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *
         "the hand-over's share of the wait", {"handover": 0.5}, pm.cheaper_handover(0.5),
         basis=["if the hand-over took half as long"]))
 
-def _tune(v: Verdict) -> Recommendation:
+def tune(v: Verdict) -> Recommendation:
     """Points the input-bound classes without saturated storage at ``iolens tune``, beside
     a stand-in for this run's step."""
     return Recommendation(
@@ -199,7 +199,7 @@ def _tune(v: Verdict) -> Recommendation:
         "the best num_workers, measured", None,
         "a measurement, not a change")
 
-def _more_workers(workers: int, worker_cpu: float, cpus: int, idle: float | None) -> int:
+def workers_to_add(workers: int, worker_cpu: float, cpus: int, idle: float | None) -> int:
     """How many DataLoader workers to try when neither device nor CPU is saturated.
 
     Without workers: one per core but the training process's, at most 8. With

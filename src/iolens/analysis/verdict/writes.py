@@ -12,15 +12,15 @@ from iolens.analysis import model as pm
 from iolens.analysis import rules
 from iolens.analysis.model import Prediction
 from iolens.analysis.verdict.figures import (
-    _device_names,
-    _end,
-    _job_bytes,
-    _num,
-    _secs,
-    _sum,
-    _timed,
-    _train,
     device_load,
+    device_names,
+    end_of,
+    is_timed,
+    job_bytes,
+    num,
+    part_sum,
+    secs_of,
+    train,
 )
 from iolens.analysis.verdict.result import Recommendation, Window
 
@@ -34,8 +34,8 @@ def _write_episodes(records: Sequence[dict[str, Any]], name: str) -> list[list[i
         # A bucket of a long run (iolens.analysis.longrun) is saturated if any of its
         # intervals was: a checkpoint's seconds would vanish in the bucket's mean.
         util = "util_max" if isinstance(d, dict) and "util_max" in d else "util"
-        hit = (isinstance(d, dict) and _num(d, util) >= rules.UTIL_SATURATED
-               and _num(d, "wkB_s") > 0 and _num(d, "wkB_s") >= _num(d, "rkB_s"))
+        hit = (isinstance(d, dict) and num(d, util) >= rules.UTIL_SATURATED
+               and num(d, "wkB_s") > 0 and num(d, "wkB_s") >= num(d, "rkB_s"))
         if hit:
             current.append(i)
         elif current:
@@ -45,7 +45,7 @@ def _write_episodes(records: Sequence[dict[str, Any]], name: str) -> list[list[i
         episodes.append(current)
     return episodes
 
-def _write_stall(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]],
+def write_stall(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]],
                  share: float
                  ) -> tuple[str, list[str], list[str], list[Recommendation], list[Window]] | None:
     """Steps slowed while the job's own writes saturate a device.
@@ -57,32 +57,32 @@ def _write_stall(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, An
     that end in the episode or in the first timed interval after it (a step
     blocked in fsync is handed over only when the write is done).
     """
-    p50s = [_num(_train(r).get("step") or {}, "p50_s") for r in timed]
-    step_total = sum(_sum(r, "step") for r in timed)
+    p50s = [num(train(r).get("step") or {}, "p50_s") for r in timed]
+    step_total = sum(part_sum(r, "step") for r in timed)
     if not p50s or step_total <= 0:
         return None
     typical = statistics.median(p50s)
     best: tuple[float, str, list[dict[str, Any]], list[dict[str, Any]]] | None = None
-    ends = [_end(r) for r in records]
-    for name in _device_names(records):
+    ends = [end_of(r) for r in records]
+    for name in device_names(records):
         excess = 0.0
         saturated: list[dict[str, Any]] = []
         stalled: list[dict[str, Any]] = []
         for ep in _write_episodes(records, name):
             ep_recs = [records[i] for i in ep]
-            start = _end(ep_recs[0]) - _secs(ep_recs[0])
-            dev_w = sum(_num((r.get("devices") or {}).get(name) or {}, "wkB_s") * 1024 * _secs(r)
+            start = end_of(ep_recs[0]) - secs_of(ep_recs[0])
+            dev_w = sum(num((r.get("devices") or {}).get(name) or {}, "wkB_s") * 1024 * secs_of(r)
                         for r in ep_recs)
             window = records[bisect.bisect_right(ends, start - rules.WRITE_LOOKBACK_S):
                              ep[-1] + 1]
-            _, job_w = _job_bytes(window)
+            _, job_w = job_bytes(window)
             if dev_w <= 0 or job_w / dev_w < rules.JOB_SHARE_OWN:
                 continue
-            hit = [r for r in ep_recs if _timed(r)]
-            after = next((r for r in records[ep[-1] + 1:] if _timed(r)), None)
+            hit = [r for r in ep_recs if is_timed(r)]
+            after = next((r for r in records[ep[-1] + 1:] if is_timed(r)), None)
             if after is not None:
                 hit.append(after)
-            excess += sum(max(0.0, _sum(r, "step") - typical * _num(_train(r), "batches"))
+            excess += sum(max(0.0, part_sum(r, "step") - typical * num(train(r), "batches"))
                           for r in hit)
             saturated += ep_recs
             stalled += hit
@@ -95,11 +95,11 @@ def _write_stall(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, An
     if stall_share < rules.STALL_SHARE or stall_share <= share:
         return None
     load = device_load(saturated, name)
-    first = _end(saturated[0]) - _secs(saturated[0])
-    _, job_w = _job_bytes([r for r in records if _end(r) > first - rules.WRITE_LOOKBACK_S])
-    _, main_w = _job_bytes([r for r in records if _end(r) > first - rules.WRITE_LOOKBACK_S],
+    first = end_of(saturated[0]) - secs_of(saturated[0])
+    _, job_w = job_bytes([r for r in records if end_of(r) > first - rules.WRITE_LOOKBACK_S])
+    _, main_w = job_bytes([r for r in records if end_of(r) > first - rules.WRITE_LOOKBACK_S],
                            "main")
-    w = Window(first, max(_end(r) for r in saturated + stalled), "write-stall")
+    w = Window(first, max(end_of(r) for r in saturated + stalled), "write-stall")
     who = "the training process" if main_w >= 0.5 * job_w else "the job"
     evidence = [
         f"{name} {load.util:.0f}% util writing {load.wMB_s:.1f} MB/s (w_await "
@@ -108,7 +108,7 @@ def _write_stall(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, An
         f"steps that waited for those writes took {excess:.1f} s more than the typical "
         f"{typical * 1000:.1f} ms step, {stall_share * 100:.0f}% of the step time",
     ]
-    batches = sum(_num(_train(r), "batches") for r in timed)
+    batches = sum(num(train(r), "batches") for r in timed)
     now = batches / step_total
     free = batches / max(step_total - excess, 1e-9)
     u = pm.MODEL_ERROR  # (the model's error on the lab cases; the stalls' spread untold)
