@@ -116,6 +116,10 @@ def _advice_cases() -> list[Case]:
         Case("CPU-heavy, cores busy", "as above, 2 workers; the fix halves the CPU",
              ADVICE, ["cpu", s, "2", "0.02"], "fetch_cpu", lambda r: ["cpu", s, "2", "0.01"],
              quiet=True),
+        Case("CPU-heavy, 6 workers on 2 cores", "as above, 6 workers queueing for the 2 "
+             "cores; the fix lowers num_workers", ADVICE, ["cpu", s, "6", "0.02"],
+             "num_workers", lambda r: ["cpu", s, str(r["change"]["num_workers"]), "0.02"],
+             quiet=True),
         Case("spawn workers each epoch", "spawn, 3 workers, 4 epochs of 100 batches",
              SPAWN, ["0"], "persistent_workers", lambda r: ["1"]),
     ]

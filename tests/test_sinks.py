@@ -72,7 +72,14 @@ def test_mlflow_metrics_of_a_record() -> None:
     assert m["iolens.device.vda.util"] == 5.0 and m["iolens.read_MBps"] == 2.0
     assert m["iolens.fetch_ms"] == pytest.approx(10.0)
     assert m["iolens.fetch_blocked_share"] == pytest.approx(0.75)
+    assert m["iolens.fetch_queue_share"] == 0.0
     assert m["iolens.collate_ms"] == pytest.approx(5.0)
+    # workers that waited 0.32 s together in the 0.2 s interval for a core (160% of one):
+    # that is not blocked off CPU
+    queued = metrics({**rec, "job": {**rec.get("job", {}), "roles": {"worker": {
+        "run_delay_pct": 160.0}}}})
+    assert queued["iolens.fetch_queue_share"] == pytest.approx(0.5)
+    assert queued["iolens.fetch_blocked_share"] == pytest.approx(0.25)
     assert m["iolens.handover_ms"] == pytest.approx(2.0)
     # an interval without batches or figures gives none of theirs, and nothing not a number
     idle = metrics({"interval_s": 1.0, "train": {"batches": 0}, "devices": {"sda": {

@@ -13,7 +13,8 @@ end for a job that never trains.
   ``iolens.data_wait_share``, the busiest device's ``iolens.busiest_util`` and
   ``iolens.busiest_r_await`` (and ``iolens.device.<dev>.util`` / ``.r_await`` for each),
   the job's ``iolens.read_MBps``, and the fetch stage split: ``iolens.fetch_ms``
-  (per sample), ``iolens.fetch_blocked_share``, ``iolens.collate_ms`` and
+  (per sample), ``iolens.fetch_blocked_share`` (off the CPU: I/O, network, locks),
+  ``iolens.fetch_queue_share`` (waiting for a core), ``iolens.collate_ms`` and
   ``iolens.handover_ms`` (per batch);
 - at the end, one more point (step = the last ``seq`` + 1) of ``iolens.steps_per_s`` and
   ``iolens.data_wait_share`` over the whole run: the last value a run table shows is the
@@ -53,6 +54,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from iolens.analysis.pipeline import pipeline
 from iolens.sinks.base import SinkError
 from iolens.sinks.base import number as _num
 
@@ -78,7 +80,11 @@ def metrics(record: Mapping[str, Any]) -> dict[str, float]:
     if samples and fetch is not None:
         out["iolens.fetch_ms"] = fetch / samples * 1000
         if fetch > 0 and cpu is not None:
-            out["iolens.fetch_blocked_share"] = max(0.0, 1 - cpu / fetch)
+            # (the workers' wait for a core is not "blocked": iolens.analysis.pipeline)
+            stages = pipeline([dict(record)])
+            queued = stages.fetch_queue_share if stages is not None else None
+            out["iolens.fetch_queue_share"] = queued
+            out["iolens.fetch_blocked_share"] = max(0.0, 1 - cpu / fetch - (queued or 0.0))
     if batches:
         collate = _num(pipe.get("collate_s"))
         out["iolens.collate_ms"] = collate / batches * 1000 if collate is not None else None
