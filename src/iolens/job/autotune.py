@@ -175,13 +175,17 @@ class Tuner:
         t.epochs.append(entry)
         nxt = dict(settings)
         kept_now = False
-        if ask.get("failed"):  # NOTE [a setting that fails] in iolens/training/autotune.py
-            entry["steps_per_s"] = None  # (finished in the training process: no measure)
-            entry["failed"] = str(ask["failed"])
-            nxt = self._went_back(t, settings)
-            entry["decision"] = (f"reverted: {ask['failed']}; the epoch was finished in the "
-                                 f"training process; back to {settings_text(nxt)}")
-            t.settled = f"{settings_text(settings)} failed"
+        failed = ask.get("failed")
+        if isinstance(failed, dict):  # NOTE [a setting that fails] in training/autotune.py
+            tried = {k: v for k, v in dict(failed.get("settings") or settings).items()
+                     if v is not None}
+            entry["settings"] = tried
+            entry["steps_per_s"] = None  # (not an epoch of those settings)
+            entry["failed"] = str(failed.get("what"))
+            nxt = self._went_back(t, tried)
+            entry["decision"] = (f"reverted: {entry['failed']}; {failed.get('then')}; back to "
+                                 f"{settings_text(nxt)}")
+            t.settled = f"{settings_text(tried)} failed"
             t.trial = t.trial_prediction = None
         elif t.settled is not None:
             entry["decision"] = "kept"

@@ -1030,7 +1030,10 @@ def patch_dataloader(module: ModuleType) -> None:
             c.got()
         try:
             try:
-                data = orig_next(self)
+                if _tuning and "_iolens_sent" in self.__dict__:
+                    data = _tuner().guarded_next(self, orig_next)
+                else:
+                    data = orig_next(self)
             except RuntimeError as exc:  # NOTE [a setting that fails] in training/autotune.py
                 if not (_tuning and _worker_failed(self, exc)):
                     raise

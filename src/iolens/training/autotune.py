@@ -22,16 +22,20 @@ as it was (NOTE [never hurt the job] in iolens/training/_hooks.py).
 NOTE [a setting that fails]: settings autotune chose may fail where the code's own did
 not: more workers than the memory holds (a worker killed by the kernel), a worker that
 cannot start. The job must not pay for it. While a loader runs on settings other than
-its code's, each index batch sent to a worker is kept until its batch is yielded, and
-torch's signal handler is not told the workers' pids (it would raise wherever the
-training loop stands when one dies); torch's own check of its workers finds a dead one
-within 5 s of the batch it owed. The epoch is then finished in the training process, as
-with num_workers=0: the batches sent and not yielded, in the order they were sent, then
-the rest of the epoch's sampler, through the loader's own dataset and collate_fn, so each
-sample comes once and in the code's order. The loader goes back to its code's settings
-at once, the next ask says what failed, and iolens answers with the best settings that
-ran and tries nothing more. An iterator that was failing to start is made again on the
-code's settings.
+its code's (and yields in order), each index batch sent to a worker is kept until its
+batch is in the training loop's hands. A worker's death is seen by torch's SIGCHLD
+handler, which raises in the training process wherever it stands: while the iterator's
+``next()`` runs that is caught there; in the training step it is kept and raised at the
+next ``next()`` (``_watch_children``); where multiprocessing reaped the worker first,
+torch's own check finds it within 5 s. The epoch is then finished in the training
+process, as with num_workers=0: the batches sent and not in hand, in the order they
+were sent, then the rest of the epoch's sampler, through the loader's own dataset and
+collate_fn, so each sample comes once and in the code's order (there, as with
+num_workers=0, no worker_init_fn runs, get_worker_info() is None and random
+augmentations draw from the training process's generators). The loader goes back to its
+code's settings at once, the next ask says what failed, and iolens answers with the best
+settings that ran and tries nothing more. An iterator whose workers fail to start is
+made again on the code's settings, with the random numbers it drew put back.
 
 Pure standard library: imported inside the training process, only with ``--autotune``.
 """
@@ -46,6 +50,7 @@ import os
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,9 +84,9 @@ class _Loader:
     """The settings the epoch runs with."""
     own: dict[str, Any] | None = None
     """The code's own settings (at the loader's first epoch)."""
-    failed: str | None = None
-    """What failed in the epoch that ran, not asked about yet (NOTE [a setting that
-    fails])."""
+    failed: dict[str, Any] | None = None
+    """What failed in the epoch that ran, with which settings and what became of the
+    epoch, not asked about yet (NOTE [a setting that fails])."""
 
 
 @dataclass
@@ -97,27 +102,30 @@ class _Config:
 
 
 class _Sent:
-    """The index batches sent to a guarded iterator's workers and not yielded yet, by the
-    number torch sends them under."""
+    """The index batches sent to a guarded iterator's workers and not yet in the training
+    loop's hands, by the number torch sends them under (an in-order iterator's batch n is
+    the epoch's n-th)."""
 
-    __slots__ = ("low", "sent")
+    __slots__ = ("got", "low", "sent")
 
     def __init__(self) -> None:
         self.sent: dict[int, Any] = {}
         self.low = 0
+        self.got = 0
+        """Batches of this epoch that reached the training loop."""
 
-    def keep(self, send: int, rcvd: int, index: Any) -> None:
+    def keep(self, send: int, index: Any) -> None:
         if send == 0:  # (a persistent iterator's next epoch)
             self.sent.clear()
-            self.low = 0
+            self.low = self.got = 0
         self.sent[send] = index
-        while self.low < rcvd:
+        while self.low < self.got:
             self.sent.pop(self.low, None)
             self.low += 1
 
-    def owed(self, rcvd: int, send: int) -> list[Any]:
-        """Those from ``rcvd`` on, in order, with one drawn and not sent (``send``)."""
-        return [self.sent[k] for k in range(rcvd, send + 1) if k in self.sent]
+    def owed(self, send: int) -> list[Any]:
+        """Those not in the loop's hands, in order, with one drawn and not sent (``send``)."""
+        return [self.sent[k] for k in range(self.got, send + 1) if k in self.sent]
 
 
 _loaders: dict[int, _Loader] = {}
@@ -231,14 +239,16 @@ def epoch_starts(loader: Any, tag: int) -> None:
     st.epoch += 1
     st.ran = current(loader)
     st.started, st.first, st.ended, st.batches = time.monotonic(), None, None, 0
-    if st.refused is None and st.ran != st.own and loader.num_workers > 0:
+    if (st.refused is None and st.ran != st.own and loader.num_workers > 0
+            and getattr(loader, "in_order", True)):
         _guard_workers()
         _conf.guard = True
 
 
 def _say(message: str) -> None:
     if not _conf.quiet:
-        print(f"iolens: {message}", file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception):  # NOTE [never hurt the job]: a closed stderr
+            print(f"iolens: {message}", file=sys.stderr, flush=True)
 
 
 def _torch_loader() -> Any:
@@ -260,23 +270,91 @@ def _guard_workers() -> None:
         if kept is None and _conf.guard:
             kept = self.__dict__["_iolens_sent"] = _Sent()
         if kept is not None:
-            kept.keep(self._send_idx, self._rcvd_idx, index)
+            kept.keep(self._send_idx, index)
         return index
 
     _next_index._iolens = True  # type: ignore[attr-defined]
     cls._next_index = _next_index
 
 
+_guarded: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The guarded iterators alive."""
+_inside: list[Any] = []
+"""The guarded iterator whose ``next()`` runs now, if any."""
+
+
 def iterator_made(loader: Any, it: Any) -> None:
-    """After ``DataLoader.__iter__``: a guarded iterator's workers are left out of torch's
-    signal handler, and the iterator knows its loader."""
+    """After ``DataLoader.__iter__``: a guarded iterator knows its loader and its tuning,
+    and its workers' deaths go through :func:`_on_child` (NOTE [a setting that fails])."""
     _conf.guard = False
     if "_iolens_sent" not in it.__dict__:
         return
+    st = _state_of(loader)
+    if st is None:
+        del it.__dict__["_iolens_sent"]
+        return
     it._iolens_loader = weakref.ref(loader)
-    if it.__dict__.get("_worker_pids_set"):
-        _torch_loader()._utils.signal_handling._remove_worker_pids(id(it))
-        it._worker_pids_set = False
+    it._iolens_state = st
+    _guarded.add(it)
+    _watch_children()
+
+
+def _watch_children() -> None:
+    """NOTE [a setting that fails]: torch's SIGCHLD handler raises, in the training process,
+    wherever it stands, when a worker dies. That is right while a guarded iterator's
+    ``next()`` runs (the loader's own read of a batch half written by a worker killed
+    then would wait for ever), and is caught there. Elsewhere (the training step), the
+    death of a guarded iterator's worker is kept on that iterator and raised at its next
+    ``next()``; any other's is raised as torch would."""
+    signal = sys.modules.get("signal")
+    if signal is None or getattr(signal.getsignal(signal.SIGCHLD), "_iolens", False):
+        return
+    torch_handler = signal.getsignal(signal.SIGCHLD)
+    if not callable(torch_handler):
+        return
+
+    def _on_child(signum: int, frame: Any) -> None:
+        if _inside:
+            torch_handler(signum, frame)
+            return
+        try:
+            torch_handler(signum, frame)
+        except RuntimeError as exc:
+            ours = _owner(exc)
+            if ours is None:
+                raise
+            ours.__dict__.setdefault("_iolens_dead", exc)
+
+    _on_child._iolens = True  # type: ignore[attr-defined]
+    with contextlib.suppress(ValueError):  # (not the main thread: torch's handler stays)
+        signal.signal(signal.SIGCHLD, _on_child)
+
+
+def _owner(exc: BaseException) -> Any:
+    """The guarded iterator whose worker torch's message ``exc`` names, or None."""
+    text = str(exc)
+    for it in list(_guarded):
+        if any(f"(pid {w.pid})" in text for w in it.__dict__.get("_workers") or ()):
+            return it
+    return None
+
+
+def guarded_next(it: Any, orig_next: Callable[[Any], Any]) -> Any:
+    """``next()`` of a guarded iterator: a worker death kept for it is raised first, torch's
+    own is raised while it runs, and a batch counts as got once it is in hand (one lost
+    to an exception on the way is fetched again)."""
+    _inside.append(it)
+    try:
+        dead = it.__dict__.pop("_iolens_dead", None)
+        if dead is not None:
+            raise dead
+        data = orig_next(it)
+    finally:
+        _inside.pop()
+    kept = it.__dict__.get("_iolens_sent")
+    if kept is not None:
+        kept.got += 1
+    return data
 
 
 def _state_of(loader: Any) -> _Loader | None:
@@ -284,19 +362,21 @@ def _state_of(loader: Any) -> _Loader | None:
     return None if tag is None else _loaders.get(_alias[tag])
 
 
-def _go_back(loader: Any, st: _Loader, what: str, then: str) -> None:
-    """The loader back on its code's settings after ``what`` failed with the settings its
-    epoch ran (``then``: what becomes of the epoch)."""
-    st.failed = f"{what} with {settings_text(st.ran)}"
+def _go_back(loader: Any | None, st: _Loader, what: str, then: str) -> None:
+    """The loader (None: gone) back on its code's settings after ``what`` failed with
+    the settings its epoch ran (``then``: what becomes of the epoch)."""
+    st.failed = {"what": what, "settings": dict(st.ran), "then": then}
     own = st.own or {}
-    if loader.__dict__.get("_iterator") is not None:
-        with contextlib.suppress(Exception):
-            loader._iterator._shutdown_workers()
-        loader._iterator = None
-    loader.num_workers = own.get("num_workers", 0)
-    loader.prefetch_factor = own.get("prefetch_factor")
-    _say(f"{_conf.label}: {st.failed}; {then}, and the DataLoader of "
-         f"{type(loader.dataset).__name__} goes back to {settings_text(own)}")
+    name = type(getattr(loader, "dataset", None)).__name__
+    if loader is not None:
+        if loader.__dict__.get("_iterator") is not None:
+            with contextlib.suppress(Exception):
+                loader._iterator._shutdown_workers()
+            loader._iterator = None
+        loader.num_workers = own.get("num_workers", 0)
+        loader.prefetch_factor = own.get("prefetch_factor")
+    _say(f"{_conf.label}: {what} with {settings_text(st.ran)}; {then}, and the DataLoader "
+         f"of {name} goes back to {settings_text(own)}")
 
 
 def random_state(loader: Any) -> tuple[Any, Any] | None:
@@ -328,19 +408,17 @@ def start_failed(loader: Any, exc: BaseException, random: tuple[Any, Any] | None
 
 
 def worker_failed(it: Any, exc: BaseException) -> bool:
-    """``next()`` of a guarded iterator raised ``exc``: where a worker died, the epoch
-    goes on in the training process (NOTE [a setting that fails]); False otherwise."""
+    """``next()`` of a guarded iterator raised ``exc``: where one of its workers died, the
+    epoch goes on in the training process (NOTE [a setting that fails]); False
+    otherwise."""
     kept = it.__dict__.get("_iolens_sent")
-    ref = it.__dict__.get("_iolens_loader")
-    loader = ref() if ref is not None else None
-    if (kept is None or loader is None or "exited unexpectedly" not in str(exc)
-            or not it.__dict__.get("_in_order", True)):
+    st = it.__dict__.get("_iolens_state")
+    if (kept is None or st is None or not str(exc).startswith("DataLoader worker (pid")
+            or not any(not w.is_alive() for w in it.__dict__.get("_workers") or ())):
         return False
-    st = _state_of(loader)
-    if st is None:
-        return False
-    owed = collections.deque(kept.owed(it._rcvd_idx, it._send_idx))
+    owed = collections.deque(kept.owed(it._send_idx))
     del it.__dict__["_iolens_sent"]
+    _guarded.discard(it)
     sampler = it._sampler_iter
     with contextlib.suppress(Exception):
         it._shutdown_workers()
@@ -355,9 +433,12 @@ def worker_failed(it: Any, exc: BaseException) -> bool:
 
     it._next_data = _next_data
     it._iolens_rescued = True
-    if loader.__dict__.get("_iterator") is it:
+    ref = it.__dict__.get("_iolens_loader")
+    loader = ref() if ref is not None else None
+    if loader is not None and loader.__dict__.get("_iterator") is it:
         loader._iterator = None
-    _go_back(loader, st, str(exc), "the epoch is finished in the training process")
+    _go_back(loader, st, str(exc).split(". ")[0].rstrip("."),
+             "the epoch is finished in the training process")
     return True
 
 
