@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -161,16 +162,23 @@ def test_a_bandwidth_cap_is_not_packed_and_the_cache_it_advises_holds(
     shutil.copytree(data, shm)
     try:
         after: list[tuple[float, float]] = []
+        fed: list[float] = []
         for i in range(4):
             d = tmp_path / f"after{i}"
             d.mkdir()
             rep, _ = run_case(d, TRAIN, str(shm), "6", "-")
             after.append((float(rep["cpu"].get("steal") or 0.0),
                           float(rep["verdict"]["figures"]["steps_per_s"])))
+            fed.append(float(rep["verdict"]["model"]["compute_ms"]))
             if sum(steal < STOLEN_MAX for steal, _ in after) >= 2:
                 break
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+    # The starved run's compute is the fed runs' (each batch's step less its own wait): the
+    # model read it from the intervals' sums once, and a starved run gave 6-98 ms a batch
+    # for a 5 ms step.
+    starved = float(first["verdict"]["model"]["compute_ms"])
+    assert starved == pytest.approx(statistics.median(fed), rel=0.15), (starved, fed)
     p = cache["prediction"]
     kept = [rate for _, rate in sorted(after)[:2]]
     mean = sum(kept) / len(kept)

@@ -309,6 +309,26 @@ def test_persistent_workers_remove_the_later_epoch_starts_only() -> None:
     assert m.now is not None and m.now.steps_per_s == pytest.approx(f.steps_per_s, rel=0.02)
 
 
+def test_the_cpu_of_a_step_leaves_out_the_start_up_before_the_first_batch() -> None:
+    """Three seconds of start-up (one core importing, then the workers' first batches) and a
+    second of shutdown time no batch: the CPU a step is the stepping intervals' alone
+    (NOTE [the CPU of the steps])."""
+    steps = [interval(i) for i in range(10)]
+    start = []
+    for i, main in enumerate([100.0, 100.0, 20.0]):
+        r = interval(i, batches=0)
+        r["job"] = {"cpu_pct": main + 90.0, "roles": {"main": {"cpu_pct": main},
+                                                      "worker": {"cpu_pct": 90.0, "pids": 1}}}
+        start.append(r)
+    end = interval(13, batches=0)
+    plain = Model(steps, cpus=2).whole
+    started = Model([*start, *steps, end], cpus=2).whole
+    assert plain is not None and started is not None
+    assert started.main_cpu_s == pytest.approx(plain.main_cpu_s)
+    assert started.loader_cpu_s == pytest.approx(plain.loader_cpu_s)
+    assert started.main_cpu_s == pytest.approx(0.1 / 20)  # 10% of a core, 20 batches a second
+
+
 def test_where_the_intervals_are_cut_does_not_move_the_figures() -> None:
     a = Model(loop_records([1.0, 0.5], 60, cut_every=7), cpus=2).whole
     b = Model(loop_records([1.0, 0.5], 60, cut_every=40), cpus=2).whole
@@ -490,17 +510,21 @@ def test_workers_added_to_a_run_without_any_pay_each_epochs_first_batch() -> Non
 
 
 def test_fewer_workers_queue_less_for_the_cores() -> None:
-    """Six workers on 2 cores, 3 ms of each 6 ms fetch waiting for a core: two of them (and
-    the loop) outnumber the cores by 0.5 where the six did by 2.5, so a fifth of the wait
-    stays; and as many as the cores count a sample's CPU (2 ms) 10% lower (NOTE [workers
-    beyond the cores]). Three keep the CPU as it is; more workers keep it all."""
+    """Six workers on 2 cores, 3 ms of each 6 ms fetch waiting for a core and 2 ms on it:
+    each wants a core 5/6 of the time, the loop 5% (5 ms of CPU a step at 10 steps/s), 5.05
+    processes on 2 cores, over by 1.525 (NOTE [fewer workers queue less]). Two (1.72) fit
+    the cores: no wait stays, and a sample's CPU counts 10% lower (NOTE [workers beyond
+    the cores]). Three (2.55) keep 0.275 / 1.525 of the wait and the CPU as it is; a loop
+    busy 60% of the time keeps more; more workers keep it all."""
     f = dataclasses.replace(BASE, workers=6, fetch_s=0.006, fetch_cpu_s=0.002,
                             fetch_queue_s=0.003)
     two = pm.more_workers(2)(f)
-    assert two.fetch_queue_s == pytest.approx(0.003 * 0.2)
+    assert two.fetch_queue_s == pytest.approx(0.0)
     assert two.fetch_cpu_s == pytest.approx(0.002 * 0.9)
-    assert two.fetch_s == pytest.approx(0.006 - 0.003 * 0.8 - 0.0002)
+    assert two.fetch_s == pytest.approx(0.006 - 0.003 - 0.0002)
     three = pm.more_workers(3)(f)
     assert three.fetch_cpu_s == pytest.approx(0.002)
-    assert three.fetch_queue_s == pytest.approx(0.003 * 1.0 / 2.5)
+    assert three.fetch_queue_s == pytest.approx(0.003 * 0.275 / 1.525)
+    busy = dataclasses.replace(f, main_cpu_s=0.06)
+    assert pm.more_workers(3)(busy).fetch_queue_s == pytest.approx(0.003 * 0.55 / 1.8)
     assert pm.more_workers(8)(f).fetch_s == pytest.approx(0.006)

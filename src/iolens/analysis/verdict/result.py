@@ -202,6 +202,7 @@ class Verdict:
         return {"steps_per_s": round(now.steps_per_s, 3), "limit": now.limit,
                 "limits": now.limits, "measured_steps_per_s": round(m.whole.steps_per_s, 3),
                 "fit": round(m.fit or 0.0, 4), "basis": pm.basis_of(m.whole),
+                "compute_ms": round(m.whole.compute_s * 1000, 3),
                 "num_workers": m.whole.workers, "batch_size": round(m.whole.batch, 2)}
 
 def verdict_lines(v: dict[str, Any]) -> list[str]:
