@@ -48,6 +48,7 @@ from tests.test_lab_gate import SPAWN
 from tests.test_lab_storage_advice import H5_TRAIN, STEP_S, write_rows
 from tests.test_lab_storage_advice import TRAIN as STORAGE
 
+from iolens.analysis.rules import MIN_GAIN
 from iolens.demo.slowdisk import SlowDisk
 
 RUNS_AFTER = 3
@@ -211,6 +212,14 @@ def _follow(row: Row) -> None:
         if rec is None or not rec.get("prediction"):
             row.note = (f"no fix on {case.key} with a prediction (class {v['class']}: "
                         + "; ".join(r["action"][:60] for r in v["recommendations"][:2]) + ")")
+            held = next((r for r in v.get("declined") or []
+                         if case.key in (r.get("change") or {})), None)
+            if held is not None:
+                q = held.get("prediction") or {}
+                row.note = (f"not advised, under the {MIN_GAIN - 1:.0%} gain advice needs: "
+                            f"{held['action'].split(':')[0][:60]}, predicted "
+                            f"{q.get('steps_per_s', 0):.1f} ({q.get('low', 0):.1f}-"
+                            f"{q.get('high', 0):.1f})")
             return
         p = rec["prediction"]
         row.action, row.predicted, row.low, row.high = (rec["action"], p["steps_per_s"],
