@@ -221,12 +221,17 @@ def test_a_request_cap_is_packed_and_the_pack_holds_its_prediction(
     packed = Path(disk.mount_point) / "packed"
     done = iolens("pack", str(data), str(packed), "--format", "hdf5", "--shuffle")
     assert done.returncode == 0, done.stderr
-    after = []
+    after, fed = [], []
     for i in range(2):
         d = tmp_path / f"after{i}"
         d.mkdir()
         rep, err = run_case(d, TRAIN, str(packed), "6", disk.cgroup, "pack", STEP_S)
         after.append(float(rep["verdict"]["figures"]["steps_per_s"]))
+        fed.append(float(rep["verdict"]["model"]["compute_ms"]))
+    # the run starved by the request cap reads the compute of the packed runs, which their
+    # step binds
+    starved = float(v["model"]["compute_ms"])
+    assert starved == pytest.approx(statistics.fmean(fed), rel=0.15), (starved, fed)
     mean = sum(after) / len(after)
     print(f"\nlab: IOPS cap, {p['now_steps_per_s']:.1f} steps/s; pack predicted "
           f"{p['steps_per_s']:.1f} ({p['low']:.1f}-{p['high']:.1f}, {p['limit']}); "

@@ -35,6 +35,7 @@ from iolens.analysis.verdict.storage import (
     packed_text,
     reads_dataset,
     saturated_device,
+    served_per_s,
     waits_on_storage,
 )
 from iolens.analysis.verdict.workers import (
@@ -103,7 +104,9 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
         saturated_device(v, load, ceiling=ceiling, workers=workers,
                           iterable=any(train(r).get("iterable_loader") is True for r in win)
                           or any(d.get("iterable") is True for d in v.loaders),
-                          packed=packed_text(v, pipe))
+                          packed=packed_text(v, pipe),
+                          served=served_per_s(win, v.model.whole.batch)
+                          if v.model is not None and v.model.whole is not None else 0.0)
     elif (pipe is not None and blocked and not idle_workers
           and waits_on_storage(pipe, win, v.storage, d_share)):
         storage_from_inside(v, pipe, win, share=share, when=when, ceiling=ceiling,
