@@ -127,10 +127,10 @@ def _advice_cases() -> list[Case]:
 
 
 @contextmanager
-def _slow_disk(read_bps: int | None = None, read_iops: int | None = None
+def _slow_disk(read_bps: int | None = None, read_iops: int | None = None, above: bool = False
                ) -> Iterator[tuple[Path, str, Path]]:
     """A throttled loop device holding 1200 files of 64 KiB, and their copy in /dev/shm."""
-    with SlowDisk(224 << 20, read_bps=read_bps, read_iops=read_iops) as disk:
+    with SlowDisk(224 << 20, read_bps=read_bps, read_iops=read_iops, above=above) as disk:
         data = Path(disk.mount_point) / "data"
         data.mkdir()
         for i in range(1200):
@@ -145,11 +145,15 @@ def _slow_disk(read_bps: int | None = None, read_iops: int | None = None
 
 
 def _storage_rows(out: list[Row]) -> None:
-    for name, limits, built in (
-            ("disk capped in bytes", {"read_bps": 8 << 20},
-             "8 MiB/s loop device, 64 KiB files, 2 workers; the fix copies to /dev/shm"),
-            ("disk capped in requests", {"read_iops": 120},
-             "120 reads/s loop device, 64 KiB files, 2 workers; the fix copies to /dev/shm")):
+    cases: tuple[tuple[str, dict[str, Any], str], ...] = (
+        ("disk capped in bytes", {"read_bps": 8 << 20},
+         "8 MiB/s loop device, 64 KiB files, 2 workers; the fix copies to /dev/shm"),
+        ("disk capped in requests", {"read_iops": 120},
+         "120 reads/s loop device, 64 KiB files, 2 workers; the fix copies to /dev/shm"),
+        ("a limit above the device", {"read_bps": 8 << 20, "above": True},
+         "8 MiB/s set on the loop device itself (its util stays low), 64 KiB files, 2 "
+         "workers; the fix copies to /dev/shm"))
+    for name, limits, built in cases:
         case = Case(name, built, STORAGE, [], "storage", lambda r: [], root=True)
         row = Row(case)
         out.append(row)

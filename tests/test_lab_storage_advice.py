@@ -190,6 +190,42 @@ def test_a_bandwidth_cap_is_not_packed_and_the_cache_it_advises_holds(
     assert proof["held"] is (abs(proof["error"]) <= 0.25), proof
 
 
+@pytest.mark.parametrize("dataset_disk", [{"read_bps": 8 << 20, "above": True}],
+                         indirect=True)
+def test_a_limit_above_the_device_is_found_from_the_wait_and_its_cache_holds(
+        tmp_path: Path, dataset_disk: Any) -> None:
+    """The same 8 MiB/s, set on the loop device itself (a cgroup's limit on a volume): the
+    device is not saturated, yet the fetch blocks reading it. The verdict finds the limit
+    from the workers' own timing, names the device, and the cache it advises holds."""
+    disk = dataset_disk
+    data = Path(disk.mount_point) / "data"
+    first, err = run_case(tmp_path, TRAIN, str(data), "6", disk.cgroup)
+    v = first["verdict"]
+    assert v["class"] == "storage-bound", (v, err)
+    assert v["devices"] == [disk.loop_name], v
+    load = first["devices"][disk.loop_name]
+    assert load["util_pct"] < 50, load  # the requests wait above the device
+    cache = v["recommendations"][0]
+    assert cache["change"] == {"storage": "ram"} and cache["prediction"], cache
+    assert "above" in cache["because"], cache
+    assert not any("num_workers" in (r.get("change") or {}) for r in v["recommendations"]), v
+    shm = Path("/dev/shm") / f"iolens-lab-{os.getpid()}"
+    shutil.copytree(data, shm)
+    try:
+        after = []
+        for i in range(2):
+            d = tmp_path / f"after{i}"
+            d.mkdir()
+            rep, _ = run_case(d, TRAIN, str(shm), "6", "-")
+            after.append(float(rep["verdict"]["figures"]["steps_per_s"]))
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    p = cache["prediction"]
+    print(f"\nlab: a limit above the device, {p['now_steps_per_s']:.1f} steps/s; cache "
+          f"predicted {p['steps_per_s']:.1f} ({p['low']:.1f}-{p['high']:.1f}); measured {after}")
+    assert abs(statistics.fmean(after) / p["steps_per_s"] - 1) <= 0.25, (p, after)
+
+
 # A step long enough that the packed run is bound by it, not by the disk: the probe's
 # O_DIRECT reads and the page cache's in-order reads reach this loop device in requests of
 # different sizes (512 KiB and more, as the memory behind them allows), so the disk's

@@ -11,9 +11,10 @@ Reads are throttled by a cgroup v1 blkio group whose limit is set on the
 disk that holds the backing file, not on the loop device: the loop device
 then stays busy while its requests wait below it, so /proc/diskstats shows it
 saturated (high %util, await of tens of ms), as a real slow disk would be.
-A limit on the loop device itself would hold the requests above it and leave
-its %util low. The loop device uses direct I/O where it can, so its reads
-reach the backing disk instead of that disk's page cache.
+A limit on the loop device itself (``above=True``) holds the requests above it
+and leaves its %util low, as a cgroup's io.max on a cloud volume does. The
+loop device uses direct I/O where it can, so its reads reach the backing disk
+instead of that disk's page cache.
 
 Only the processes that join the group are throttled; the recorder
 (``iolens run``) stays outside it. Everything is undone on exit, in reverse
@@ -253,12 +254,16 @@ class SlowDisk:
     def __init__(self, size: int = 256 << 20, *, read_bps: int | None = None,
                  read_iops: int | None = None, write_bps: int | None = None,
                  direct_io: bool = True, tmp_dir: str | None = None,
-                 blkio_root: str | None = None) -> None:
+                 blkio_root: str | None = None, above: bool = False) -> None:
         """``size`` bytes of disk; reads limited to ``read_bps`` bytes/s and/or
         ``read_iops`` requests/s, writes to ``write_bps`` bytes/s, on the backing
         disk for the processes that join. The loop driver charges its I/O on the
         backing file to the cgroup of the process whose request it serves, which
-        is why a limit on the backing disk saturates the loop device itself."""
+        is why a limit on the backing disk saturates the loop device itself.
+
+        ``above``: the limits are set on the loop device itself instead, as a cgroup's
+        io.max on a volume: the requests wait above the device, whose %util stays low
+        while the readers wait."""
         if read_bps is None and read_iops is None and write_bps is None:
             raise ValueError("give read_bps, read_iops or write_bps")
         for what, value in (("read_bps", read_bps), ("read_iops", read_iops),
@@ -272,6 +277,7 @@ class SlowDisk:
         self.read_iops = read_iops
         self.write_bps = write_bps
         self.want_direct_io = direct_io
+        self.above = above
         self.tmp_dir = tmp_dir or tempfile.gettempdir()
         self._blkio_root = blkio_root
         self.blkio_root = ""
@@ -360,7 +366,13 @@ class SlowDisk:
         self._undo.append(("remove cgroup " + self.cgroup,
                            lambda: _empty_cgroup(self.cgroup, self._return_to or self.blkio_root,
                                                  self.blkio_root)))
-        for devnum in self.backing_disks.values():
+        targets = list(self.backing_disks.values())
+        if self.above:
+            devnum = _read(f"/sys/block/{self.loop_name}/dev")
+            if not devnum:
+                raise SlowDiskUnavailable([f"the device number of {self.loop_name} (/sys/block)"])
+            targets = [devnum]
+        for devnum in targets:
             if self.read_bps is not None:
                 _write(os.path.join(self.cgroup, "blkio.throttle.read_bps_device"),
                        f"{devnum} {self.read_bps}")
