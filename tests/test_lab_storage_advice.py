@@ -6,6 +6,9 @@ command alone, the storage probe the verdict offers, the advice it settles, and 
   same bytes; the review saw a pack make such a run 2.5x slower), and the cache it
   advises is followed: the dataset copied to /dev/shm, the run again, the throughput
   held against the prediction, and `iolens compare` says whether it held;
+- the same bytes a second limited on the loop device itself, as a cgroup's limit on a
+  volume: the device is not saturated, the verdict finds the limit from the fetch's own
+  wait, and the cache it advises is followed and held;
 - a disk that limits requests (IOPS) under the same files: the probe finds the request
   limit and packing is advised with a prediction; followed with iolens' own tools (`iolens
   pack --shuffle`, then iolens.data's HDF5Dataset read through BlockShuffleSampler), the

@@ -111,6 +111,18 @@ def test_setup_and_teardown_leave_nothing_behind(direct_io: bool) -> None:
         sleeper.wait()
 
 
+def test_a_limit_above_the_device_is_set_on_the_loop_device_itself() -> None:
+    need_slow_disk()
+    with SlowDisk(32 * MiB, read_bps=4 * MiB, above=True) as disk:
+        made = Made.of(disk)
+        loop = Path(f"/sys/block/{disk.loop_name}/dev").read_text().strip()
+        bps = Path(disk.cgroup, "blkio.throttle.read_bps_device").read_text().split("\n")
+        assert f"{loop} {4 * MiB}" in bps
+        assert not {f"{d} {4 * MiB}" for d in disk.backing_disks.values()} & set(bps)
+        assert "on the loop device itself" in disk.describe()
+    assert leftovers(made) == []
+
+
 def test_an_error_in_the_body_still_removes_everything() -> None:
     need_slow_disk()
     made: list[Made] = []

@@ -429,11 +429,13 @@ class SlowDisk:
         if self.write_bps is not None:
             limits.append(f"writes to {self.write_bps / (1 << 20):g} MiB/s")
         disks = ", ".join(f"{d} ({n})" for d, n in self.backing_disks.items())
+        where = ("loop device itself, above it" if self.above
+                 else f"backing disk {disks}")
         io = "direct I/O" if self.direct_io else "buffered I/O"
         return (f"{self.loop_device} ({self.size >> 20} MiB ext4 on {self.backing_file}, "
                 f"{io}) mounted at {self.mount_point}; reads of the processes in blkio cgroup "
                 f"{os.path.basename(self.cgroup)} limited to {' and '.join(limits)} on the "
-                f"backing disk {disks}")
+                f"{where}")
 
     # -- teardown ---------------------------------------------------------------
 
