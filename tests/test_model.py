@@ -310,8 +310,8 @@ def test_persistent_workers_remove_the_later_epoch_starts_only() -> None:
 
 
 def test_the_cpu_of_a_step_leaves_out_the_start_up_before_the_first_batch() -> None:
-    """Three seconds of start-up (one core importing, then the workers' first batches) and a
-    second of shutdown time no batch: the CPU a step is the stepping intervals' alone
+    """Three intervals of start-up (one core importing, then the workers' first batches) and
+    one of shutdown time no batch: the CPU a step is the stepping intervals' alone
     (NOTE [the CPU of the steps])."""
     steps = [interval(i) for i in range(10)]
     start = []
@@ -517,9 +517,12 @@ def test_fewer_workers_queue_less_for_the_cores() -> None:
     the cores]). Three (2.55) keep 0.275 / 1.525 of the wait and the CPU as it is; a loop
     busy 60% of the time keeps more; more workers keep it all."""
     f = dataclasses.replace(BASE, workers=6, fetch_s=0.006, fetch_cpu_s=0.002,
-                            fetch_queue_s=0.003)
+                            fetch_queue_s=0.003, epoch_start_s=0.01, first_start_s=0.004)
     two = pm.more_workers(2)(f)
     assert two.fetch_queue_s == pytest.approx(0.0)
+    # the epochs' first batches wait for the first fetches: they shorten with the fetch
+    assert two.epoch_start_s == pytest.approx(0.01 * two.fetch_s / 0.006)
+    assert two.first_start_s == pytest.approx(0.004 * two.fetch_s / 0.006)
     assert two.fetch_cpu_s == pytest.approx(0.002 * 0.9)
     assert two.fetch_s == pytest.approx(0.006 - 0.003 - 0.0002)
     three = pm.more_workers(3)(f)
