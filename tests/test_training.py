@@ -66,6 +66,30 @@ def test_reader_skips_a_torn_record_until_it_is_whole(tmp_path: Path) -> None:
     assert agg.take()["batches"] == 2
 
 
+def test_records_written_as_their_process_ends_are_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that writes its last batch and ends while the reader polls its file: the
+    reader asks whether it lives before it reads, so the batch is read, and only the poll
+    after that finds the file done (asked after the read, the file was closed unread)."""
+    from iolens.rundir import timing
+
+    path = tmp_path / "4242.bin"
+    path.write_bytes(b"")
+    last = recs((records.FETCH, MS, MS), (records.COUNT, 16, 16)).tobytes()
+
+    def ends_now(pid: int) -> bool:  # the worker's last write, then its exit
+        if not path.read_bytes():
+            path.write_bytes(last)
+        return False
+
+    monkeypatch.setattr(timing, "pid_alive", ends_now)
+    agg = TrainingAggregator()
+    reader = TimingReader(str(tmp_path))
+    assert reader.poll(agg) == 2
+    assert agg.take()["pipeline"]["samples"] == 16
+    assert reader.poll(agg) == 0 and str(path) in reader._done
+
+
 def test_writer_failure_is_recorded_not_raised(tmp_path: Path) -> None:
     (tmp_path / "blocker").write_text("")
     w = TimingWriter(str(tmp_path / "blocker" / "timing"))

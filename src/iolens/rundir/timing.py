@@ -406,6 +406,9 @@ class TimingReader:
             if path in self._done:
                 continue
             offset = self._offsets.get(path, 0)
+            # Asked before the read: a process that writes its last records and ends
+            # between the two must not be taken as one whose file was read to its end.
+            alive = pid_alive(pid)
             try:
                 with open(path, "rb") as fh:
                     fh.seek(offset)
@@ -414,7 +417,7 @@ class TimingReader:
                 continue
             whole = len(data) - len(data) % records.RECORD_BYTES
             if not whole:
-                if not data and not pid_alive(pid):
+                if not data and not alive:
                     # Its process is gone and all it wrote is read: not opened again (a
                     # run with workers started anew each epoch leaves many such files).
                     self._done.add(path)
