@@ -238,7 +238,7 @@ def test_more_cpu_bound_workers_than_cores_are_told_to_be_fewer_and_that_holds(
         tmp_path: Path) -> None:
     """Six workers on 2 cores, each sample 20 ms of CPU and the loop light: the workers wait
     for a core two thirds of their fetch. Two keep both cores busy without the queue (NOTE
-    [fewer workers queue less] in iolens/analysis/model.py): the model counted the loop as
+    [fewer workers queue less] in iolens/analysis/model/changes.py): the model counted the loop as
     always wanting a core and predicted two workers slower (7.7 steps/s from 9.8, where they
     measured 11.4), so the advice was not given."""
     before, _ = run_case(tmp_path, TRAIN, "cpu", SECONDS, "6", "0.02")
@@ -273,10 +273,22 @@ def test_idle_workers_behind_the_hand_over_get_the_hand_over_advice(tmp_path: Pa
 def test_a_run_with_nothing_worth_changing_is_told_so_and_the_best_candidate_gains_nothing(
         tmp_path: Path) -> None:
     """The review saw runs with nothing to fix get a class and "try: do not add DataLoader
-    workers ... predicted 40.7 steps/s, now 40.7" as their first line."""
-    before, _ = run_case(tmp_path, TRAIN, "steady", SECONDS, "2", "0.0005")
-    v = before["verdict"]
-    assert rules.MODERATE <= v["data_wait_share"] < rules.HIGH, v
+    workers ... predicted 40.7 steps/s, now 40.7" as their first line.
+
+    The case is a wait of moderate severity: the hand-over of 512 KiB batches took 5.5% to
+    5.7% of the step in three quiet runs here, and 4.9% once in CI beside other work (a
+    wait too small to be called moderate, another case); so it runs again, at most twice
+    more, until its wait is in the moderate band."""
+    shares = []
+    for k in range(3):
+        d = tmp_path / f"before{k}"
+        d.mkdir()
+        before, _ = run_case(d, TRAIN, "steady", SECONDS, "2", "0.0005")
+        v = before["verdict"]
+        shares.append(v["data_wait_share"])
+        if rules.MODERATE <= v["data_wait_share"] < rules.HIGH:
+            break
+    assert rules.MODERATE <= v["data_wait_share"] < rules.HIGH, (shares, v)
     first = v["recommendations"][0]
     assert first["action"].startswith("leave the input pipeline as it is"), first
     assert not any(r["prediction"] for r in v["recommendations"]), v["recommendations"]
