@@ -5,16 +5,20 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from iolens.analysis import longrun
-from iolens.analysis.longrun import Bucket, bucket_seconds, fold_records
+from iolens.analysis.longrun import bucket_seconds, fold_records
 from iolens.analysis.rundata import load_run
 from iolens.analysis.verdict import diagnose
 from iolens.report.build import build_report
+from iolens.rundir.rollup import Bucket
 from tests.test_verdict import META, SLOW_LOOP, dev, rec
 
 
@@ -187,3 +191,162 @@ def test_a_long_run_that_ends_hung_keeps_its_hang_in_buckets(
         (hang,) = [f for f in diagnose(recs, long.meta).findings if f.cls == "hang"]
         assert hang.evidence[0].startswith("no batch came in the last 330 s recorded")
         assert "worker 11 (S, at wait_for_partner)" in hang.evidence[0]
+
+
+# -- rollups (NOTE [rollups] in iolens/rundir/rollup.py) ----------------------------------
+
+def varied_run(n: int) -> list[dict[str, Any]]:
+    """slow_run's intervals with every part a bucket folds: GPUs, storage, ranks, the stages,
+    memory, pauses and epochs, changing over time."""
+    out = slow_run(n)
+    for i, r in enumerate(out):
+        tr = r["train"]
+        tr["pipeline"] = {"batches": 10, "samples": 160, "fetch_s": 0.5 + i % 7 / 10,
+                          "fetch_cpu_s": 0.1, "collate_s": 0.01, "idle_s": 0.2, "files": 160,
+                          "in_process": False, "processes": 2 + i % 3,
+                          "handover": {"count": 10, "sum_s": 0.004}}
+        tr["ranks"] = {"0": {"pid": 7, "batches": 10, "data_wait_s": 0.9, "step_s": 1.0},
+                       "1": {"pid": 8, "batches": 10, "data_wait_s": 0.5 + i % 5 / 10,
+                             "step_s": 1.0}}
+        tr["world_size"] = 2
+        if i % 97 == 0:
+            tr["epochs_started"], tr["num_workers"] = 1, 2
+            tr["epoch_start_wait"] = {"count": 1, "sum_s": 2.0, "max_s": 2.0, "p50_s": 2.0,
+                                      "p95_s": 2.0}
+        if i % 61 == 0:
+            tr["pause_wait"] = {"count": 1, "sum_s": 0.1, "max_s": 0.1, "p50_s": 0.1,
+                                "p95_s": 0.1}
+            tr["pause_step"] = {"count": 1, "sum_s": 3.0, "max_s": 3.0, "p50_s": 3.0,
+                                "p95_s": 3.0}
+        r["gpu"] = [{"index": 0, "util_pct": float(i % 100), "mem_util_pct": 20.0,
+                     "mem_used_bytes": 1 << 30 + i % 3, "mem_total_bytes": 80 << 30}]
+        r["storage"] = {"fuse:/mnt/data": {"read_bytes_s": 1e6 + i, "ops_s": 50.0}}
+        r["mem"] = {"available_bytes": (64 << 30) - i, "dirty_bytes": i}
+    return out
+
+
+def recorded(folder: Path, records: list[dict[str, Any]], *, close: bool = True) -> Path:
+    """The run as the recorder writes it: records and rollups through RunDir."""
+    from iolens.rundir import RunDir
+
+    run = RunDir(str(folder))
+    for r in records:
+        assert run.append(r)
+    if close:
+        run.close()
+    (folder / "meta.json").write_text(json.dumps({**META, "interval_s": 1.0}))
+    return folder
+
+
+def without_rollups(run: Path, to: Path) -> Path:
+    to.mkdir()
+    for name in ("records.jsonl", "meta.json"):
+        (to / name).write_bytes((run / name).read_bytes())
+    return to
+
+
+def same_run(a: Any, b: Any) -> None:
+    assert a.bucket_s == b.bucket_s and a.notes == b.notes
+    assert len(a.records) == len(b.records)
+    for x, y in zip(a.records, b.records, strict=True):
+        assert close(x, y), (x, y)
+
+
+def test_the_recorders_rollups_give_the_buckets_of_its_records(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every record through RunDir: rollups of 10 s slots beside them, covering the whole
+    file; a long run read from them is the one read from its records."""
+    from iolens.rundir.rollup import read_rollups
+
+    run = recorded(tmp_path / "run", varied_run(2000))
+    rolled = read_rollups(str(run), str(run / "records.jsonl"))
+    assert rolled is not None and rolled.records == 2000
+    assert rolled.to == (run / "records.jsonl").stat().st_size
+    assert len(rolled.slots) == 201  # 1-9 s, 10-19 s, ..., 2000 s
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 60)  # natural 34 s: 40 s, whole slots
+    starts = []
+    fold = longrun.fold_records
+
+    def spy(path: str, bucket_s: float, jobs: int | None = None, *, start: int = 0) -> Any:
+        starts.append(start)
+        return fold(path, bucket_s, jobs, start=start)
+
+    monkeypatch.setattr(longrun, "fold_records", spy)
+    long = load_run(str(run), max_records=500)
+    assert starts == [rolled.to]  # no record read: the rollups hold them all
+    assert long.bucket_s == 40.0 and len(long.records) == 51
+    plain = load_run(str(without_rollups(run, tmp_path / "plain")), max_records=500)
+    same_run(long, plain)
+    r = long.records[10]  # 400-439 s
+    assert r["merged"] == 40 and r["train"]["ranks"]["1"]["batches"] == 400
+    gpu = r["gpu"][0]  # intervals 399-438: 99%, then 0-38%
+    assert (gpu["util_pct_min"], gpu["util_pct_max"]) == (0.0, 99.0) and "pipeline" in r["train"]
+
+
+def test_rollups_that_do_not_match_the_records_are_used_as_far_as_they_do(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run still recording, a damaged rollup line, the recorder's rollups stopped by a
+    failed write, records.jsonl cut short or its last line changed: each long run reads as
+    its records say, the rollups used up to where they match them and no further."""
+    from iolens.rundir.rollup import read_rollups
+
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 60)
+    records = varied_run(2000)
+    k = 0
+
+    def check(run: Path, used: int | None) -> None:
+        nonlocal k
+        k += 1
+        rolled = read_rollups(str(run), str(run / "records.jsonl"))
+        assert (rolled.records if rolled else None) == used, run.name
+        plain = without_rollups(run, tmp_path / f"plain{k}")
+        same_run(load_run(str(run), max_records=500), load_run(str(plain), max_records=500))
+
+    live = recorded(tmp_path / "live", records, close=False)  # the last slot not written
+    check(live, 1999)
+    damaged = recorded(tmp_path / "damaged", records)
+    lines = (damaged / "rollups.jsonl").read_bytes().splitlines(keepends=True)
+    lines[50] = lines[50].replace(b'"n":10', b'"n":"10"')
+    (damaged / "rollups.jsonl").write_bytes(b"".join(lines))
+    check(damaged, 9 + 49 * 10)  # 1-9 s, then the 49 slots of ten before the 51st line
+    from iolens.rundir import RunDir
+
+    (tmp_path / "stopped").mkdir()
+    rd = RunDir(str(tmp_path / "stopped"))
+    for i, r in enumerate(records):
+        if i == 1000:
+            assert rd._rfd is not None
+            os.close(rd._rfd)  # the next rollup write fails: the records go on
+        assert rd.append(r)
+    rd.close()
+    (tmp_path / "stopped" / "meta.json").write_text(json.dumps({**META, "interval_s": 1.0}))
+    check(tmp_path / "stopped", 999)
+    cut = recorded(tmp_path / "cut", records)
+    data = (cut / "records.jsonl").read_bytes()
+    (cut / "records.jsonl").write_bytes(data[:len(data) // 2])  # (a torn last line)
+    rolled = read_rollups(str(cut), str(cut / "records.jsonl"))
+    assert rolled is not None and 900 < rolled.records < 1000
+    check(cut, rolled.records)
+    changed = recorded(tmp_path / "changed", records)
+    data = (changed / "records.jsonl").read_bytes()
+    last = data.rstrip(b"\n").rfind(b"\n") + 1
+    (changed / "records.jsonl").write_bytes(
+        data[:last] + data[last:].replace(b'"util":97}', b'"util":12}', 1))
+    edited = (changed / "records.jsonl").read_bytes()
+    assert len(edited) == len(data) and edited != data
+    check(changed, None)
+
+
+def test_iolens_run_leaves_rollups_that_hold_the_whole_run(tmp_path: Path) -> None:
+    """As a user runs it: the recorder's rollups end where records.jsonl ends."""
+    from iolens.rundir.rollup import read_rollups
+
+    run = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.2", "--out",
+                    str(run), "--no-live", "--", sys.executable, "-c",
+                    "import time; time.sleep(2.5)"],
+                   check=True, timeout=120, capture_output=True)
+    lines = (run / "records.jsonl").read_bytes().splitlines()
+    rolled = read_rollups(str(run), str(run / "records.jsonl"))
+    assert rolled is not None and len(lines) >= 10
+    assert (rolled.records, rolled.to) == (len(lines), (run / "records.jsonl").stat().st_size)

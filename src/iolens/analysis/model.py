@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iolens.analysis import resample
-from iolens.analysis.longrun import Bucket
+from iolens.rundir.rollup import Bucket
 from iolens.analysis.pipeline import Pipeline, pipeline
 from iolens.analysis.pipeline import amount as _num
 

@@ -17,7 +17,7 @@ from iolens.analysis.longrun import (
     bucket_records,
     bucket_seconds,
     estimate_records,
-    fold_records,
+    fold_run,
     is_duplicate,
 )
 from iolens.rundir import META, RECORDS, SCHEMA_VERSION, STORAGE_PROBE
@@ -130,7 +130,7 @@ def _load_long(path: str, rec_path: str, meta: dict[str, Any], notes: list[str],
                last: float) -> RunData:
     interval = meta.get("interval_s")
     bucket_s = bucket_seconds(last, interval if isinstance(interval, (int, float)) else None)
-    folded = fold_records(rec_path, bucket_s)
+    folded = fold_run(rec_path, bucket_s)
     records = list(bucket_records(folded))
     note = folded.skipped.note(RECORDS)
     if not records and not meta:

@@ -4,7 +4,7 @@ The format's one home, at the bottom of the house: it imports nothing of
 iolens, and everything that writes or reads a run (the training side in the
 job's processes, the recorder, the sinks, the analysis) imports it. The
 binary timing records of ``timing/<pid>.bin`` are :mod:`iolens.rundir.records`;
-the record schema is SCHEMA_VERSION below (2 adds ``train.pipeline`` and
+the record schema is SCHEMA_VERSION (:mod:`iolens.rundir.schema`: 2 adds ``train.pipeline`` and
 ``storage``; 3 adds the network peers to ``storage``, keyed ``IP:PORT``, with
 ``connections``, ``new_connections_s``, ``rx_bytes_s`` and a local server's
 ``server_cpu_pct`` and ``server_read_bytes_s``, and a FUSE daemon's
@@ -39,7 +39,9 @@ import time
 from datetime import datetime
 from typing import Any
 
-SCHEMA_VERSION = 3
+from iolens.rundir import rollup
+from iolens.rundir.schema import SCHEMA_VERSION as SCHEMA_VERSION
+
 RECORDS = "records.jsonl"
 META = "meta.json"
 STORAGE_PROBE = "storage_probe.json"
@@ -170,6 +172,15 @@ class RunDir:
         self.lines = 0
         self.lost_lines = 0
         self.write_error: str | None = None
+        self._rollups: rollup.Rollups | None = None
+        self._rfd: int | None = None
+        self._rsize = 0
+        if self._size == 0:  # (rollups describe a records.jsonl from its first byte)
+            try:
+                self._rfd = replace_with_new(os.path.join(path, rollup.ROLLUPS), os.O_APPEND)
+                self._rollups = rollup.Rollups()
+            except OSError:
+                pass  # the report folds the records themselves
 
     @property
     def timing_dir(self) -> str:
@@ -190,7 +201,27 @@ class RunDir:
             return False
         self._size += len(line)
         self.lines += 1
+        if self._rollups is not None:
+            try:
+                self._write_rollup(self._rollups.add(line, self._size))
+            except Exception:  # noqa: BLE001 - a rollup never costs a record
+                self._stop_rollups()
         return True
+
+    def _write_rollup(self, data: bytes | None) -> None:
+        """Append one rollup line (NOTE [rollups] in iolens/rundir/rollup.py); OSError when
+        it cannot be, and then those written stand, and the records after them are read
+        from records.jsonl."""
+        if data is not None and self._rfd is not None:
+            append_whole(self._rfd, data, self._rsize)
+            self._rsize += len(data)
+
+    def _stop_rollups(self) -> None:
+        self._rollups = None
+        fd, self._rfd = self._rfd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def write_meta(self, meta: dict[str, Any]) -> bool:
         """Replace meta.json atomically; False when it could not be written."""
@@ -203,7 +234,11 @@ class RunDir:
             return False
 
     def close(self) -> None:
-        """Close the records file; safe to call twice."""
+        """Close the records file (and write the last rollup); safe to call twice."""
+        if self._rollups is not None:
+            with contextlib.suppress(Exception):  # (it can only be missing: NOTE [rollups])
+                self._write_rollup(self._rollups.line())
+        self._stop_rollups()
         fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):

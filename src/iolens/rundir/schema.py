@@ -1,0 +1,3 @@
+"""The version of the interval records' schema (see :mod:`iolens.rundir`)."""
+
+SCHEMA_VERSION = 3
