@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from iolens.analysis import compare as C
+from iolens.analysis.compare import blocks as C_blocks
 from iolens.analysis.rundata import load_run
 from iolens.rundir import records as trecords
 from iolens.rundir.timing import TimingReader, TrainingAggregator
@@ -149,7 +150,8 @@ def test_blocks_keep_slow_stretches_together(monkeypatch: pytest.MonkeyPatch) ->
     a, b = series(1000, 8, phi=0.9), series(1000, 9, phi=0.9)
     block = by_id(C.compare_batches(a, b, resamples=500), "step-time")
     with monkeypatch.context() as mp:
-        mp.setattr(C, "block_bounds", lambda n: [(i, i + 1) for i in range(n)])
+        # strata() reads block_bounds from the module that defines it
+        mp.setattr(C_blocks, "block_bounds", lambda n: [(i, i + 1) for i in range(n)])
         single = by_id(C.compare_batches(a, b, resamples=500), "step-time")
     assert block.ci_low is not None and block.ci_high is not None
     assert single.ci_low is not None and single.ci_high is not None

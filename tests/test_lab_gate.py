@@ -1,6 +1,6 @@
 """The CI gate on real runs: `iolens compare --fail-on` over pairs of one configuration
 fails none of ten, and catches a job 15% slower (NOTE [run-to-run noise] in
-iolens/analysis/compare.py).
+iolens/analysis/compare/gate.py).
 
 The job is a short real training whose workers wait on a remote store (a sleep per
 sample) and whose step is a sleep: the noise is this machine's, not the job's. The review
@@ -106,7 +106,7 @@ def test_spawn_workers_are_told_to_persist_the_gain_holds_and_the_reverse_fails_
     """Spawned workers started again each epoch (seconds each): the review saw the verdict
     lead with "do not add DataLoader workers", and the 74% gain of persistent workers called
     "within noise (95% CI -22.1% to +265.1%)" (NOTE [epoch starts apart] in
-    iolens/analysis/compare.py). The verdict now leads with persistent_workers=True and a
+    iolens/analysis/compare/blocks.py). The verdict now leads with persistent_workers=True and a
     prediction (35.1 steps/s, 31.6-38.6, here; 33.9 measured after); the run after it holds
     it within 25%, and the gain is real."""
     script = tmp_path / "spawn_train.py"

@@ -19,7 +19,7 @@ def raise_workers(v: Verdict, workers: int, target: int, because: str,
                    ceiling: str) -> Recommendation:
     """More workers, as many as reach the next limit (the model's number, not a doubling);
     from none, in a run that began several epochs, persistent ones (NOTE [an epoch's first
-    batch from workers] in iolens/analysis/model.py): workers started anew each epoch cost
+    batch from workers] in iolens/analysis/model/changes.py): workers started anew each epoch cost
     that epoch their start, which the model does not know from a run without them."""
     action, change = f"raise num_workers from {workers} to {target}", {"num_workers": target}
     epochs = (sum(num(train(r), "epochs_started") for r in v.model.records)
@@ -36,7 +36,7 @@ def fewer_workers(v: Verdict, pipe: Pipeline | None, workers: int) -> Recommenda
     process beyond the cores costs CPU of its own (switches, caches, its epoch start) and
     takes the loop's core from it. The model takes the workers' wait for a core away in
     proportion, and counts a sample's CPU halfway down what the extra workers may cost
-    (NOTE [workers beyond the cores] in iolens/analysis/model.py)."""
+    (NOTE [workers beyond the cores] in iolens/analysis/model/changes.py)."""
     f = v.model.whole if v.model is not None else None
     queued = pipe.fetch_queue_share if pipe is not None else None
     if f is None or f.cores is None or queued is None or queued < rules.FETCH_QUEUED:

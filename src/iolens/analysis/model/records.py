@@ -1,0 +1,204 @@
+"""The stage costs of a run read out of its interval records (:func:`figures`): the loop's
+compute, hand-over and waits paired per batch, the fetch and collate of the pipeline's
+timing, the CPU a step costs over the intervals that timed steps, the cores the job may
+use, and the epochs' starts and the loop's pauses apart from its steady steps; None where
+the stages were not timed or the figures are beyond arithmetic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from iolens.analysis.model.changes import HANDOVER_PRIOR_S
+from iolens.analysis.model.stages import Figures
+from iolens.analysis.pipeline import Pipeline, pipeline
+from iolens.analysis.pipeline import amount as _num
+
+MIN_STEADY_BATCHES = 20
+"""Fewer steady batches (not opening an epoch, holding no pause) than this: no prediction."""
+FIGURE_MAX = 1e12
+"""No stage figure of a real run comes near this (seconds, samples, steps per second)."""
+CPU_SKIP_FROM = 4
+"""From this many timed intervals on, the first and last are left out of the CPU per step."""
+
+
+def _train(rec: dict[str, Any]) -> dict[str, Any]:
+    t = rec.get("train")
+    return t if isinstance(t, dict) else {}
+
+
+def _role(rec: dict[str, Any], role: str) -> dict[str, Any]:
+    job = rec.get("job")
+    roles = job.get("roles") if isinstance(job, dict) else None
+    r = roles.get(role) if isinstance(roles, dict) else None
+    return r if isinstance(r, dict) else {}
+
+
+def declared_workers(records: Sequence[dict[str, Any]]) -> int:
+    """The DataLoader's num_workers (recorded in the intervals where an epoch starts)."""
+    return max((int(_num(_train(r), "num_workers")) for r in records), default=0)
+
+
+def figures(records: Sequence[dict[str, Any]], cpus: int | None,
+            storage_sps: float | None = None, workers: int | None = None) -> Figures | None:
+    """The stage costs over ``records`` (timed intervals of a run), or None where the
+    stages were not timed (no pipeline figures) or no step was, or where the figures are
+    beyond arithmetic (a damaged record). ``workers``: the run's num_workers (default: as
+    declared in ``records``)."""
+    try:
+        return _figures(records, cpus, storage_sps, workers)
+    except (ArithmeticError, ValueError):
+        return None
+
+
+def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
+             storage_sps: float | None, workers: int | None) -> Figures | None:
+    pipe = pipeline(records)
+    batches = step = wait = starts = 0.0
+    for r in records:
+        t = _train(r)
+        batches += _num(t, "batches")
+        step += _num(t.get("step"), "sum_s")
+        wait += _num(t.get("data_wait"), "sum_s")
+        starts += _num(t.get("epoch_start_wait"), "sum_s")
+    steady = _stepping(records)
+    # ... and the intervals in which an epoch began, where there are enough others: the
+    # CPU of starting workers (a spawned worker imports torch again) is the epoch start's,
+    # which persistent workers do not pay, not the step's.
+    calm = [r for r in steady if not _num(_train(r), "epochs_started")
+            and not _num(_train(r).get("pause_step"), "count")]
+    if len(calm) >= max(1, len(steady) // 2):
+        steady = calm
+    secs = cpu_batches = main_cpu = worker_cpu = job_cpu = busy = main_delay = 0.0
+    for r in steady:
+        s = _num(r, "interval_s")
+        secs += s
+        cpu_batches += _num(_train(r), "batches")
+        main_cpu += _num(_role(r, "main"), "cpu_pct") / 100 * s
+        main_delay += _num(_role(r, "main"), "run_delay_pct") / 100 * s
+        worker_cpu += _num(_role(r, "worker"), "cpu_pct") / 100 * s
+        job_cpu += _num(r.get("job"), "cpu_pct") / 100 * s
+        c = r.get("cpu")
+        if isinstance(c, dict) and c and cpus:
+            busy += cpus * (100 - _num(c, "idle") - _num(c, "iowait")) / 100 * s
+    cpu_batches = cpu_batches or batches
+    if pipe is None or batches <= 0 or step <= 0 or not pipe.samples:
+        return None
+    if workers is None:
+        workers = declared_workers(records)
+    if not workers and not pipe.in_process:
+        workers = pipe.processes
+    per = pipe.samples / pipe.batches
+    fetch = pipe.fetch_s / pipe.samples
+    fetch_cpu = min(fetch, pipe.fetch_cpu_s / pipe.samples)
+    collate = pipe.collate_s / pipe.batches
+    handover = _loop_handover(pipe)
+    in_process = pipe.in_process and workers == 0
+    made_cpu = per * fetch_cpu + collate
+    # The training process's CPU beyond its own fetch; the workers' at least what their
+    # fetch and collate took on the CPU (they also pickle and wait on queues).
+    main_s = main_cpu / cpu_batches
+    loader = made_cpu if in_process else max(made_cpu, worker_cpu / cpu_batches)
+    main_s = max(0.0, main_s - made_cpu) if in_process else main_s
+    cores = None
+    if cpus and secs > 0:
+        others = max(0.0, busy - job_cpu) / secs
+        cores = max(0.5, cpus - others)
+    # NOTE [epoch starts in the model]: the batches that open an epoch are an epoch
+    # start's, not a step's: their step runs from iter() (which starts the workers, or
+    # wakes persistent ones) and their wait holds the workers' first fetches. The loop's
+    # compute and the typical wait are the other batches' (the loop's records pair each
+    # batch's step with its own wait); what the first batches take beyond such a step is
+    # the epoch start, spread over the steps. A run's single first batch held 100 ms of
+    # worker start in its step: 0.7 ms more compute a batch over a 147-batch starved run.
+    n_starts = start_steps = 0.0
+    first: tuple[float, float] | None = None
+    epochs = sum(_num(_train(r), "epochs_started") for r in records)
+    # The loop's pauses (NOTE [pauses]) are left out of its compute and the typical wait
+    # as the epoch starts are, and what they take beyond a step is their own stage.
+    n_pauses = pause_steps = pause_waits = 0.0
+    for r in records:
+        t = _train(r)
+        n_pauses += _num(t.get("pause_step"), "count")
+        pause_steps += _num(t.get("pause_step"), "sum_s")
+        pause_waits += _num(t.get("pause_wait"), "sum_s")
+        sw, ss = t.get("epoch_start_wait"), t.get("epoch_start_step")
+        count = _num(sw, "count")
+        if count <= 0:
+            continue
+        n_starts += count
+        # (records from before the steps were kept: the step taken as the wait)
+        ss_sum = _num(ss, "sum_s") if isinstance(ss, dict) else _num(sw, "sum_s")
+        start_steps += ss_sum
+        if first is None:
+            first = (ss_sum, count)
+    if not n_pauses or batches - n_starts - n_pauses < max(n_pauses, MIN_STEADY_BATCHES):
+        n_pauses = pause_steps = pause_waits = 0.0  # pauses that are the loop's pace
+    steady_n = batches - n_starts - n_pauses
+    if n_starts and steady_n >= n_starts:
+        compute = (step - wait - (start_steps - starts) - (pause_steps - pause_waits)) / steady_n
+        per_step = compute + (wait - starts - pause_waits) / steady_n
+    else:  # epochs of a batch or two: their first batches are the run's pace
+        steady_n = batches - n_pauses
+        compute = (step - wait - (pause_steps - pause_waits)) / steady_n
+        per_step = compute + (wait - pause_waits) / steady_n
+        n_starts, first = 0, None
+    extra = max(0.0, start_steps - n_starts * per_step) / batches if n_starts else 0.0
+    # a pause's own length: its step less its wait, less the loop's compute
+    paused = max(0.0, pause_steps - pause_waits - n_pauses * compute) / batches
+    each = paused * batches / n_pauses if n_pauses else 0.0
+    first_extra = (min(extra, max(0.0, first[0] / first[1] - per_step) / batches)
+                   if first is not None else 0.0)
+    compute = max(1e-6, compute)
+    f = Figures(
+        steps_per_s=batches / step,
+        compute_s=compute,
+        compute_delay_s=min(main_delay / cpu_batches, 0.9 * compute) if workers else 0.0,
+        epochs_per_step=epochs / batches,
+        fetch_queue_s=0.0 if in_process else pipe.fetch_queue_s / pipe.samples,
+        handover_s=handover, batch=per, workers=workers, fetch_s=fetch,
+        fetch_cpu_s=fetch_cpu, collate_s=collate, epoch_start_s=extra,
+        first_start_s=first_extra, pause_s=paused, pause_each_s=each, cores=cores,
+        main_cpu_s=main_s, loader_cpu_s=loader, storage_sps=storage_sps)
+    # Absurd figures (a damaged record) give no model rather than an infinite prediction.
+    sane = all(math.isfinite(x) and 0 <= x < FIGURE_MAX
+               for x in dataclasses.astuple(f) if isinstance(x, float))
+    return f if sane and f.steps_per_s > 0 and f.batch > 0 else None
+
+
+def _loop_handover(pipe: Pipeline) -> float:
+    """The loop's own cost of a hand-over per batch. Workers idle behind the loop hand
+    over batches that are ready: the hand-over is then the loop's own work (unpickling,
+    pin_memory), in series with its step. Busy workers hand over late, and the figure also
+    holds the time a worker's queue took to send the batch, which overlaps the other
+    workers' batches (a worker busy on the CPU starves its own sending thread of the
+    GIL): that part counts at most HANDOVER_PRIOR_S. In between, in proportion to the
+    workers' idle share."""
+    h = pipe.handover_s_per_batch or 0.0
+    idle = pipe.worker_idle_share
+    if idle is None:
+        return h
+    return idle * h + (1 - idle) * min(h, HANDOVER_PRIOR_S)
+
+
+def _stepping(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The intervals the CPU per step is read from: from the first that timed a batch to
+    the last, less those two (NOTE [the CPU of the steps])."""
+    timed = [i for i, r in enumerate(records) if _num(_train(r), "batches") > 0]
+    if not timed:
+        return list(records)
+    window = list(records[timed[0]:timed[-1] + 1])
+    return window[1:-1] if len(window) >= CPU_SKIP_FROM else window
+
+
+"""NOTE [the CPU of the steps]: the CPU a step costs (the loop's and the workers') is the
+processes' CPU over the intervals that timed steps, over their batches. Before the first
+batch the job imports, lists its dataset and starts its workers, and after the last it
+shuts down: none of that is a step's, and the intervals that hold only that are left out,
+as are the first and the last that timed batches (they hold the ends of both). A 6-second
+lab run spent 3 s before its first batch, one core importing torch and then 6 workers
+making their first batches: counted, they put the loop at 26 ms of CPU a step (17 ms with
+2 workers), and the job's CPU at 2.1 cores of a 2-core machine."""
