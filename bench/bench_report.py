@@ -43,6 +43,7 @@ from typing import Any
 import orjson
 
 from iolens.rundir import RunDir  # the recorder's writer: records and rollups
+from iolens.rundir.rollup import ROLLUP_LEVELS, rollups_file
 
 START = datetime(2026, 11, 1, 8, 0, 0, tzinfo=UTC)
 DEVICES = ("nvme0n1", "sdb", "sda", "loop0", "vdc", "vdd", "vde", "vdf")
@@ -257,7 +258,7 @@ def main() -> int:
     tmp = None if args.dir else tempfile.mkdtemp(prefix="iolens-bench-report-")
     folder = args.dir or os.path.join(tmp or ".", "run")
     records = os.path.join(folder, "records.jsonl")
-    rollups = os.path.join(folder, "rollups.jsonl")
+    rollups = [os.path.join(folder, rollups_file(slot_s)) for slot_s in ROLLUP_LEVELS]
     limit = int(args.mem_limit_gb * 2**30)
     runs: dict[tuple[str, str], list[tuple[int, float, float, int | None]]] = {}
 
@@ -270,12 +271,13 @@ def main() -> int:
         runs.setdefault((fmt, source), []).append((rc, wall, rss, out_size))
 
     try:
-        if not (args.dir and os.path.exists(rollups)):
+        if not (args.dir and all(os.path.exists(p) for p in rollups)):
             print(f"bench: writing {n} intervals to {folder}", file=sys.stderr)
             gen_s = write_run(folder, n, args.interval, args.devices, args.workers)
         else:
             gen_s = 0.0
         size = os.path.getsize(records)
+        rolled = sum(os.path.getsize(p) for p in rollups)
         for _ in range(args.rounds):
             print("bench: parse floor", file=sys.stderr)
             rc, wall, rss = measure([sys.executable, __file__, "--parse-floor", records],
@@ -283,12 +285,14 @@ def main() -> int:
             runs.setdefault(("parse floor", "records"), []).append((rc, wall, rss, None))
             for fmt in args.formats.split(","):
                 report(fmt, "rollups")
-            os.replace(rollups, rollups + ".aside")
+            for p in rollups:
+                os.replace(p, p + ".aside")
             try:
                 for fmt in [f for f in args.formats.split(",") if f != "html"]:
                     report(fmt, "records")
             finally:
-                os.replace(rollups + ".aside", rollups)
+                for p in rollups:
+                    os.replace(p + ".aside", p)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -303,7 +307,7 @@ def main() -> int:
         f"{platform.system()} {platform.release()}, Python {platform.python_version()}",
         f"- run: {n} intervals of {args.interval:g} s, {args.devices} devices, "
         f"{args.workers} workers, 1 GPU; records.jsonl {size / 2**20:.0f} MiB"
-        + (f", written with its rollups ({os.path.getsize(rollups) / 2**20:.0f} MiB) "
+        + (f", written with its rollups ({rolled / 2**20:.0f} MiB) "
            f"through the recorder's writer in {gen_s:.0f} s" if gen_s else ""),
         f"- each command a separate process, limited to {args.mem_limit_gb:g} GiB of address "
         f"space and {args.timeout:g} s; peak RSS from wait4(2); {args.rounds} rounds, "

@@ -79,8 +79,8 @@ def test_a_long_run_reads_as_buckets_with_the_same_verdict(
     detailed = load_run(str(run), max_records=None)
     monkeypatch.setattr(longrun, "TARGET_BUCKETS", 100)
     long = load_run(str(run), max_records=500)
-    assert long.bucket_s == bucket_seconds(2000, 1.0) == 20.0
-    assert len(long.records) == 101 and long.records[0]["merged"] == 19  # 1-19 s
+    assert long.bucket_s == bucket_seconds(2000, 1.0) == 30.0  # 20 s, in whole 30 s slots
+    assert len(long.records) == 67 and long.records[0]["merged"] == 29  # 1-29 s
     assert len(detailed.records) == 2000
     assert long.notes[0].startswith("a long run: its 2001 intervals are read as")
     assert "1 line(s) of records.jsonl were not valid records" in long.notes[1]
@@ -186,7 +186,7 @@ def test_a_long_run_that_ends_hung_keeps_its_hang_in_buckets(
     run = write(tmp_path / "run", records)
     monkeypatch.setattr(longrun, "TARGET_BUCKETS", 100)
     long = load_run(str(run), max_records=500)
-    assert long.bucket_s == 20.0 and long.records[-1]["train"]["waiting_s"] == 330.0
+    assert long.bucket_s == 30.0 and long.records[-1]["train"]["waiting_s"] == 330.0
     for recs in (load_run(str(run), max_records=None).records, long.records):
         (hang,) = [f for f in diagnose(recs, long.meta).findings if f.cls == "hang"]
         assert hang.evidence[0].startswith("no batch came in the last 330 s recorded")
@@ -254,16 +254,19 @@ def same_run(a: Any, b: Any) -> None:
 
 def test_the_recorders_rollups_give_the_buckets_of_its_records(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every record through RunDir: rollups of 10 s slots beside them, covering the whole
-    file; a long run read from them is the one read from its records."""
-    from iolens.rundir.rollup import read_rollups
+    """Every record through RunDir: rollups of each slot length beside them, covering the
+    whole file; a long run read from them is the one read from its records."""
+    from iolens.rundir.rollup import ROLLUP_LEVELS, read_rollups
 
     run = recorded(tmp_path / "run", varied_run(2000))
-    rolled = read_rollups(str(run), str(run / "records.jsonl"))
-    assert rolled is not None and rolled.records == 2000
-    assert rolled.to == (run / "records.jsonl").stat().st_size
-    assert len(rolled.slots) == 201  # 1-9 s, 10-19 s, ..., 2000 s
-    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 60)  # natural 34 s: 40 s, whole slots
+    size = (run / "records.jsonl").stat().st_size
+    for slot_s in ROLLUP_LEVELS:
+        rolled = read_rollups(str(run), str(run / "records.jsonl"), slot_s)
+        assert rolled is not None and (rolled.records, rolled.to) == (2000, size)
+        assert len(rolled.slots) == 2000 // slot_s + 1  # 1-9 s, 10-19 s, ..., 2000 s
+    rolled = read_rollups(str(run), str(run / "records.jsonl"), 30.0)
+    assert rolled is not None
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 60)  # natural 34 s: 60 s, 30 s slots
     starts = []
     fold = longrun.fold_records
 
@@ -274,12 +277,12 @@ def test_the_recorders_rollups_give_the_buckets_of_its_records(
     monkeypatch.setattr(longrun, "fold_records", spy)
     long = load_run(str(run), max_records=500)
     assert starts == [rolled.to]  # no record read: the rollups hold them all
-    assert long.bucket_s == 40.0 and len(long.records) == 51
+    assert long.bucket_s == 60.0 and len(long.records) == 34
     plain = load_run(str(without_rollups(run, tmp_path / "plain")), max_records=500)
     same_run(long, plain)
-    r = long.records[10]  # 400-439 s
-    assert r["merged"] == 40 and r["train"]["ranks"]["1"]["batches"] == 400
-    gpu = r["gpu"][0]  # intervals 399-438: 99%, then 0-38%
+    r = long.records[10]  # 600-659 s
+    assert r["merged"] == 60 and r["train"]["ranks"]["1"]["batches"] == 600
+    gpu = r["gpu"][0]  # intervals 599-658: 99%, then 0-58%
     assert (gpu["util_pct_min"], gpu["util_pct_max"]) == (0.0, 99.0) and "pipeline" in r["train"]
 
 
@@ -297,34 +300,35 @@ def test_rollups_that_do_not_match_the_records_are_used_as_far_as_they_do(
     def check(run: Path, used: int | None) -> None:
         nonlocal k
         k += 1
-        rolled = read_rollups(str(run), str(run / "records.jsonl"))
+        rolled = read_rollups(str(run), str(run / "records.jsonl"), 30.0)  # (60 s buckets)
         assert (rolled.records if rolled else None) == used, run.name
         plain = without_rollups(run, tmp_path / f"plain{k}")
         same_run(load_run(str(run), max_records=500), load_run(str(plain), max_records=500))
 
     live = recorded(tmp_path / "live", records, close=False)  # the last slot not written
-    check(live, 1999)
+    check(live, 1979)  # the last slot, 1980-2000 s, is not written yet
     damaged = recorded(tmp_path / "damaged", records)
-    lines = (damaged / "rollups.jsonl").read_bytes().splitlines(keepends=True)
-    lines[50] = lines[50].replace(b'"n":10', b'"n":"10"')
-    (damaged / "rollups.jsonl").write_bytes(b"".join(lines))
-    check(damaged, 9 + 49 * 10)  # 1-9 s, then the 49 slots of ten before the 51st line
+    lines = (damaged / "rollups-30s.jsonl").read_bytes().splitlines(keepends=True)
+    lines[50] = lines[50].replace(b'"n":30', b'"n":"30"')
+    (damaged / "rollups-30s.jsonl").write_bytes(b"".join(lines))
+    check(damaged, 29 + 49 * 30)  # 1-29 s, then the 49 slots of 30 before the 51st line
     from iolens.rundir import RunDir
 
     (tmp_path / "stopped").mkdir()
     rd = RunDir(str(tmp_path / "stopped"))
     for i, r in enumerate(records):
         if i == 1000:
-            assert rd._rfd is not None
-            os.close(rd._rfd)  # the next rollup write fails: the records go on
+            assert rd._rsize
+            for fd in rd._rsize:
+                os.close(fd)  # the next rollup write fails (at 1010 s): the records go on
         assert rd.append(r)
     rd.close()
     (tmp_path / "stopped" / "meta.json").write_text(json.dumps({**META, "interval_s": 1.0}))
-    check(tmp_path / "stopped", 999)
+    check(tmp_path / "stopped", 989)  # the 30 s slots before 990 s
     cut = recorded(tmp_path / "cut", records)
     data = (cut / "records.jsonl").read_bytes()
     (cut / "records.jsonl").write_bytes(data[:len(data) // 2])  # (a torn last line)
-    rolled = read_rollups(str(cut), str(cut / "records.jsonl"))
+    rolled = read_rollups(str(cut), str(cut / "records.jsonl"), 30.0)
     assert rolled is not None and 900 < rolled.records < 1000
     check(cut, rolled.records)
     changed = recorded(tmp_path / "changed", records)
@@ -347,6 +351,52 @@ def test_iolens_run_leaves_rollups_that_hold_the_whole_run(tmp_path: Path) -> No
                     "import time; time.sleep(2.5)"],
                    check=True, timeout=120, capture_output=True)
     lines = (run / "records.jsonl").read_bytes().splitlines()
-    rolled = read_rollups(str(run), str(run / "records.jsonl"))
+    rolled = read_rollups(str(run), str(run / "records.jsonl"), 10.0)
     assert rolled is not None and len(lines) >= 10
     assert (rolled.records, rolled.to) == (len(lines), (run / "records.jsonl").stat().st_size)
+
+
+def test_long_buckets_are_whole_rollup_slots_and_read_few_lines() -> None:
+    """A bucket is whole slots of the longest rollup level it can be, so that a report
+    reads at most about 3.3 rollup lines a bucket (NOTE [rollups])."""
+    from iolens.analysis.longrun import rollup_slot
+
+    day = 86400.0
+    for span, interval, bucket, slot in [
+            (7 * day, 1.0, 100.0, 100.0),     # natural 61 s: 6,048 buckets, as many lines
+            (50_400, 1.0, 10.0, 10.0),        # 14 hours: natural 6 s
+            (3 * day, 1.0, 30.0, 30.0),       # natural 26 s
+            (5 * day, 1.0, 60.0, 30.0),       # natural 44 s: 7,200 buckets, 14,400 lines
+            (90 * day, 1.0, 1000.0, 1000.0),  # natural 778 s
+            (40_000, 1.0, 4.0, 0.0),          # natural 4 s: read from the records
+            (7 * day, 0.7, 60.9, 0.0)]:       # 0.7 s divides no slot: the records
+        assert bucket_seconds(span, interval) == pytest.approx(bucket), (span, interval)
+        assert rollup_slot(bucket_seconds(span, interval)) == slot, (span, interval)
+        if slot:
+            assert span / slot <= 3.4 * longrun.TARGET_BUCKETS / 2
+
+
+def test_damaged_rollups_never_fail_the_report(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes changed anywhere in a rollup line (a bad disk, a hand edit): the rollups are
+    used up to the line before it at most, and the run reads as its records say."""
+    import random
+
+    from iolens.rundir.rollup import read_rollups
+
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 60)
+    run = recorded(tmp_path / "run", varied_run(2000))
+    plain = load_run(str(without_rollups(run, tmp_path / "plain")), max_records=500)
+    good = (run / "rollups-30s.jsonl").read_bytes()
+    lines = good.splitlines(keepends=True)
+    rng = random.Random(7)
+    for _ in range(40):
+        k = rng.randrange(len(lines))
+        line = bytearray(lines[k])
+        for _ in range(rng.randint(1, 4)):
+            line[rng.randrange(len(line) - 1)] = rng.choice(b'0123456789.,:-"{}[]ntufe ')
+        (run / "rollups-30s.jsonl").write_bytes(b"".join([*lines[:k], bytes(line),
+                                                          *lines[k + 1:]]))
+        rolled = read_rollups(str(run), str(run / "records.jsonl"), 30.0)
+        assert rolled is None or len(rolled.slots) <= k or bytes(line) == lines[k]
+        same_run(load_run(str(run), max_records=500), plain)

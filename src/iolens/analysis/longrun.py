@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iolens.rundir import SCHEMA_VERSION
-from iolens.rundir.rollup import ROLLUP_S, Bucket, loads, read_rollups
+from iolens.rundir.rollup import ROLLUP_LEVELS, Bucket, loads, read_rollups
 
 LONG_RUN_RECORDS = 50_000
 """More records than this (14 hours at 1 s) are read as buckets."""
@@ -387,10 +387,11 @@ def fold_run(path: str, bucket_s: float, jobs: int | None = None) -> ChunkResult
     """Every record of records.jsonl at ``path`` folded into buckets of ``bucket_s``: from
     the rollups beside it as far as they hold it (when the buckets are whole rollup slots)
     and from the records after them (NOTE [rollups] in iolens/rundir/rollup.py)."""
-    per = slots_per_bucket(bucket_s)
-    rolled = read_rollups(os.path.dirname(path) or ".", path) if per else None
+    slot_s = rollup_slot(bucket_s)
+    rolled = read_rollups(os.path.dirname(path) or ".", path, slot_s) if slot_s else None
     if rolled is None:
         return fold_records(path, bucket_s, jobs)
+    per = round(bucket_s / slot_s)
     total = fold_records(path, bucket_s, jobs, start=rolled.to)
     total.lines += rolled.records
     buckets = total.buckets
@@ -433,33 +434,38 @@ def fold_records(path: str, bucket_s: float, jobs: int | None = None, *,
     return total
 
 
-def slots_per_bucket(bucket_s: float) -> int:
-    """How many rollup slots a bucket of ``bucket_s`` holds; 0 unless it is whole slots."""
-    per = round(bucket_s / ROLLUP_S)
-    return per if per >= 1 and per * ROLLUP_S == bucket_s else 0
+def rollup_slot(bucket_s: float) -> float:
+    """The longest rollup slot that a bucket of ``bucket_s`` holds whole; 0 for none."""
+    for slot_s in reversed(ROLLUP_LEVELS):
+        per = round(bucket_s / slot_s)
+        if per >= 1 and per * slot_s == bucket_s:
+            return slot_s
+    return 0.0
 
 
 def bucket_index(elapsed_s: float, bucket_s: float) -> int:
     """The bucket of a record that ended at ``elapsed_s``: by its rollup slot where buckets
     are whole slots, so that a record falls in the same bucket read from either."""
-    per = slots_per_bucket(bucket_s)
-    if per:
-        return int(elapsed_s // ROLLUP_S) // per
+    slot_s = rollup_slot(bucket_s)
+    if slot_s:
+        return int(elapsed_s // slot_s) // round(bucket_s / slot_s)
     return int(elapsed_s // bucket_s)
 
 
 def bucket_seconds(span_s: float, interval_s: float | None, target: int | None = None) -> float:
     """A bucket length giving about ``target`` (TARGET_BUCKETS) buckets, whole intervals.
 
-    Where that is ROLLUP_S / 2 or more and the interval divides ROLLUP_S, it is rounded up
-    to whole rollup slots (at most twice as long: half as many buckets), which the report
-    then merges from the rollups instead of reading every record (NOTE [rollups])."""
+    Where the longest rollup slot of twice that length or less is whole intervals, the
+    length is rounded up to whole slots of it (at most twice as long: half as many
+    buckets), which the report then merges from the rollups instead of reading every
+    record (NOTE [rollups] in iolens/rundir/rollup.py)."""
     target = target or TARGET_BUCKETS
     step = interval_s if interval_s and interval_s > 0 else 1.0
     natural = max(step, math.ceil(span_s / target / step) * step)
-    per = ROLLUP_S / step
-    if natural >= ROLLUP_S / 2 and abs(per - round(per)) < 1e-9:
-        return math.ceil(natural / ROLLUP_S) * ROLLUP_S
+    for slot_s in reversed(ROLLUP_LEVELS):
+        per = slot_s / step
+        if slot_s <= 2 * natural and abs(per - round(per)) < 1e-9:
+            return math.ceil(natural / slot_s) * slot_s
     return natural
 
 

@@ -172,15 +172,19 @@ class RunDir:
         self.lines = 0
         self.lost_lines = 0
         self.write_error: str | None = None
-        self._rollups: rollup.Rollups | None = None
-        self._rfd: int | None = None
-        self._rsize = 0
+        self._rollups: list[tuple[rollup.Rollups, int]] = []
+        """Each slot length's fold and its file (NOTE [rollups] in iolens/rundir/rollup.py)."""
+        self._rsize: dict[int, int] = {}
+        self._parse = rollup.loads()
         if self._size == 0:  # (rollups describe a records.jsonl from its first byte)
             try:
-                self._rfd = replace_with_new(os.path.join(path, rollup.ROLLUPS), os.O_APPEND)
-                self._rollups = rollup.Rollups()
+                for slot_s in rollup.ROLLUP_LEVELS:
+                    fd = replace_with_new(os.path.join(path, rollup.rollups_file(slot_s)),
+                                          os.O_APPEND)
+                    self._rollups.append((rollup.Rollups(slot_s), fd))
+                    self._rsize[fd] = 0
             except OSError:
-                pass  # the report folds the records themselves
+                self._stop_rollups()  # the report folds the records themselves
 
     @property
     def timing_dir(self) -> str:
@@ -201,27 +205,29 @@ class RunDir:
             return False
         self._size += len(line)
         self.lines += 1
-        if self._rollups is not None:
+        if self._rollups:
             try:
-                self._write_rollup(self._rollups.add(line, self._size))
+                rec = self._parse(line)
+                for fold, fd in self._rollups:
+                    self._write_rollup(fd, fold.add(rec, line, self._size))
             except Exception:  # noqa: BLE001 - a rollup never costs a record
                 self._stop_rollups()
         return True
 
-    def _write_rollup(self, data: bytes | None) -> None:
+    def _write_rollup(self, fd: int, data: bytes | None) -> None:
         """Append one rollup line (NOTE [rollups] in iolens/rundir/rollup.py); OSError when
         it cannot be, and then those written stand, and the records after them are read
         from records.jsonl."""
-        if data is not None and self._rfd is not None:
-            append_whole(self._rfd, data, self._rsize)
-            self._rsize += len(data)
+        if data is not None:
+            append_whole(fd, data, self._rsize[fd])
+            self._rsize[fd] += len(data)
 
     def _stop_rollups(self) -> None:
-        self._rollups = None
-        fd, self._rfd = self._rfd, None
-        if fd is not None:
+        self._rollups = []
+        for fd in self._rsize:
             with contextlib.suppress(OSError):
                 os.close(fd)
+        self._rsize = {}
 
     def write_meta(self, meta: dict[str, Any]) -> bool:
         """Replace meta.json atomically; False when it could not be written."""
@@ -235,9 +241,9 @@ class RunDir:
 
     def close(self) -> None:
         """Close the records file (and write the last rollup); safe to call twice."""
-        if self._rollups is not None:
-            with contextlib.suppress(Exception):  # (it can only be missing: NOTE [rollups])
-                self._write_rollup(self._rollups.line())
+        with contextlib.suppress(Exception):  # (it can only be missing: NOTE [rollups])
+            for fold, rfd in self._rollups:
+                self._write_rollup(rfd, fold.line())
         self._stop_rollups()
         fd, self._fd = self._fd, None
         if fd is not None:

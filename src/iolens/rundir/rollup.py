@@ -2,16 +2,20 @@
 
 NOTE [rollups]: a week at a 1 s interval is 604,800 records, over a gigabyte of
 JSON lines; a report of it would parse every one. So the run directory also holds
-``rollups.jsonl``: as each record is appended to records.jsonl, it is folded into
-the bucket of its ROLLUP_S-second slot (by ``elapsed_s``), and when a record of
-another slot comes, that bucket's whole state goes out as one line, saying which
-bytes of records.jsonl it holds (``from``, ``to``: each line begins where the one
-before it ended) and the CRC-32 of its last record's line. A long run's report
-merges these lines into its buckets (whole slots each) and folds only the
-records past the last line's ``to`` (those of a run still recording, or written
-after the recorder stopped writing rollups); records.jsonl stays the source of
-truth: rollups that do not match it (a shorter file, another line where the last
-one ended) are not used, and a damaged line ends what is used of them.
+rollups, one file per slot length of ROLLUP_LEVELS (``rollups-10s.jsonl``,
+``rollups-30s.jsonl`` ... ``rollups-1000s.jsonl``): as each record is appended to
+records.jsonl, it is folded into the bucket of its slot at each length (by
+``elapsed_s``), and when a record of another slot comes, that bucket's whole state
+goes out as one line, saying which bytes of records.jsonl it holds (``from``,
+``to``: each line begins where the one before it ended), the CRC-32 of its last
+record's line and, last, that of the line itself (``check``). A long run's report
+picks the longest slots that make about half its buckets or more, merges their
+lines into its buckets (whole slots each: at most about 16,500 lines, whatever the
+run's length) and folds only the records past the last line's ``to`` (those of a
+run still recording, or written after the recorder stopped writing rollups).
+records.jsonl stays the source of truth: rollups that do not match it (a shorter
+file, another line where the last one ended) are not used, and a damaged line
+(one whose ``check`` fails, or that does not parse) ends what is used of them.
 
 A bucket is a record of the same shape as the recorder's (so the verdict, the
 reports and the charts read it unchanged) with ``merged``, the number of
@@ -43,10 +47,15 @@ from typing import Any
 
 from iolens.rundir.schema import SCHEMA_VERSION
 
-ROLLUPS = "rollups.jsonl"
-ROLLUP_S = 10.0
-"""The seconds of run time (``elapsed_s``) each rollup line covers."""
+ROLLUP_LEVELS = (10.0, 30.0, 100.0, 300.0, 1000.0)
+"""The slot lengths the rollups are written at, in seconds of run time (``elapsed_s``): a
+factor of about 3 apart, so that a report reads at most about 3.3 lines a bucket."""
 ROLLUP_VERSION = 1
+
+
+def rollups_file(slot_s: float) -> str:
+    """The name of the rollups of ``slot_s``-second slots in the run directory."""
+    return f"rollups-{slot_s:g}s.jsonl"
 
 _DEV_MEAN = ("util", "r_s", "rkB_s", "rrqm_s", "w_s", "wkB_s", "wrqm_s", "d_s", "f_s", "aqu_sz")
 _DEV_EXT = ("util", "r_await", "w_await", "rkB_s", "wkB_s", "aqu_sz")
@@ -653,10 +662,16 @@ def _obj(v: Any) -> dict[str, Any]:
     return v
 
 
+_NUMBERS = frozenset((int, float))
+_EXTREMES = frozenset((int, float, type(None)))
+
+
 def _nums(v: Any, n: int) -> list[float]:
-    if not isinstance(v, list) or len(v) != n:
+    """``v`` when it is a list of ``n`` numbers. (Both parsers refuse NaN and Infinity, so a
+    number here is finite: the check is of types alone, for the week's 600,000 figures.)"""
+    if type(v) is not list or len(v) != n or not _NUMBERS.issuperset(map(type, v)):
         raise ValueError(f"not {n} figures")
-    return [_num(x) for x in v]
+    return v
 
 
 def _rows(v: Any, n: int) -> dict[str, list[float]]:
@@ -675,9 +690,10 @@ def _exts(v: Any, rows: dict[str, Any], n: int) -> dict[str, _Ext]:
         e = out[k] = _Ext(n)
         for side, inf in ((0, math.inf), (1, -math.inf)):
             given = pair[side]
-            if not isinstance(given, list) or len(given) != n:
+            if type(given) is not list or len(given) != n or not _EXTREMES.issuperset(
+                    map(type, given)):
                 raise ValueError(f"not {n} extremes")
-            (e.lo if side == 0 else e.hi)[:] = [inf if x is None else _num(x) for x in given]
+            (e.lo if side == 0 else e.hi)[:] = [inf if x is None else x for x in given]
     return out
 
 
@@ -702,26 +718,26 @@ def _no_constant(name: str) -> Any:
 # -- the rollups (NOTE [rollups]) ----------------------------------------------------------
 
 class Rollups:
-    """Folds each record appended to records.jsonl into the bucket of its slot; the line of
-    a slot comes out when a record of another slot arrives, or at :meth:`line`."""
+    """Folds each record appended to records.jsonl into the bucket of its ``slot_s``-second
+    slot; the line of a slot comes out when a record of another slot arrives, or at
+    :meth:`line`."""
 
-    def __init__(self) -> None:
+    def __init__(self, slot_s: float) -> None:
+        self.slot_s = slot_s
         self.bucket: Bucket | None = None
         self.slot = 0
         self.begin = 0
         """Where the slot's first record's line begins in records.jsonl."""
         self.to = 0
         self.crc = 0
-        self._loads = loads()
 
-    def add(self, line: bytes, end: int) -> bytes | None:
-        """Fold the record written as ``line`` (its newline too), which ends at byte ``end``
+    def add(self, rec: dict[str, Any], line: bytes, end: int) -> bytes | None:
+        """Fold ``rec``, written as ``line`` (its newline too), which ends at byte ``end``
         of records.jsonl; returns the line of the slot it closed, if it closed one.
 
-        The line is parsed again rather than the record taken as it was given: the
-        report folds what records.jsonl holds, so this folds the same."""
-        rec = self._loads(line)
-        slot = int(float(rec.get("elapsed_s") or 0.0) // ROLLUP_S)
+        ``rec`` is the record as records.jsonl holds it (parsed back from ``line``): the
+        report folds what the file holds, so this folds the same."""
+        slot = int(float(rec.get("elapsed_s") or 0.0) // self.slot_s)
         out = None
         if self.bucket is not None and slot != self.slot:
             out = self.line()
@@ -736,9 +752,10 @@ class Rollups:
         b, self.bucket = self.bucket, None
         if b is None:
             return None
-        item = {"rollup": ROLLUP_VERSION, "slot_s": ROLLUP_S, "slot": self.slot,
+        item = {"rollup": ROLLUP_VERSION, "slot_s": self.slot_s, "slot": self.slot,
                 "from": self.begin, "to": self.to, "crc": self.crc, "bucket": b.state()}
-        return (json.dumps(item, separators=(",", ":"), allow_nan=False) + "\n").encode()
+        body = json.dumps(item, separators=(",", ":"), allow_nan=False)[:-1].encode()
+        return body + b'%s%d}\n' % (_CHECK, zlib.crc32(body))
 
 
 @dataclass
@@ -753,16 +770,20 @@ class Rolled:
     records: int = 0
 
 
+_CHECK = b',"check":'
+"""Each rollup line ends with the CRC-32 of what comes before this: a figure changed on the
+way (a bad disk, a hand edit) would parse, and be merged, as a plausible one."""
 _TAIL_MAX = 1 << 20
 """The longest last line of a rollup that is checked (a record is a few KiB)."""
 
 
-def read_rollups(run_dir: str, records_path: str) -> Rolled | None:
-    """The rollups beside ``records_path`` as far as they hold and match it; None where there
-    are none, or they do not match the records (NOTE [rollups])."""
+def read_rollups(run_dir: str, records_path: str, slot_s: float) -> Rolled | None:
+    """The rollups of ``slot_s``-second slots beside ``records_path`` as far as they hold and
+    match it; None where there are none, or they do not match the records (NOTE
+    [rollups])."""
     try:
         size = os.path.getsize(records_path)
-        fh = open(os.path.join(run_dir, ROLLUPS), "rb")  # noqa: SIM115 - closed below
+        fh = open(os.path.join(run_dir, rollups_file(slot_s)), "rb")  # noqa: SIM115
     except OSError:
         return None
     parse = loads()
@@ -771,10 +792,13 @@ def read_rollups(run_dir: str, records_path: str) -> Rolled | None:
     with fh:
         for line in fh:
             try:
+                cut = line.rfind(_CHECK)
                 item = parse(line)
+                if cut < 0 or item["check"] != zlib.crc32(line[:cut]):
+                    break
                 to = item["to"]
                 if (not isinstance(item, dict) or item.get("rollup") != ROLLUP_VERSION
-                        or item.get("slot_s") != ROLLUP_S or item.get("from") != out.to
+                        or item.get("slot_s") != slot_s or item.get("from") != out.to
                         or _count(to) <= out.to or to > size):
                     break
                 slot, line_crc = item["slot"], _count(item["crc"])
