@@ -10,9 +10,10 @@ goes out as one line, saying which bytes of records.jsonl it holds (``from``,
 ``to``: each line begins where the one before it ended), the CRC-32 of its last
 record's line and, last, that of the line itself (``check``). A long run's report
 picks the longest slots that make about half its buckets or more, merges their
-lines into its buckets (whole slots each: at most about 16,500 lines, whatever the
-run's length) and folds only the records past the last line's ``to`` (those of a
-run still recording, or written after the recorder stopped writing rollups).
+lines into its buckets (whole slots each: at most 2 lines a bucket, and 16,700
+lines, for runs of up to 170 days) and folds only the records past the last line's
+``to`` (those of a run still recording, or written after the recorder stopped
+writing rollups).
 records.jsonl stays the source of truth: rollups that do not match it (a shorter
 file, another line where the last one ended) are not used, and a damaged line
 (one whose ``check`` fails, or that does not parse) ends what is used of them.
@@ -49,7 +50,9 @@ from iolens.rundir.schema import SCHEMA_VERSION
 
 ROLLUP_LEVELS = (10.0, 30.0, 100.0, 300.0, 1000.0)
 """The slot lengths the rollups are written at, in seconds of run time (``elapsed_s``): a
-factor of about 3 apart, so that a report reads at most about 3.3 lines a bucket."""
+factor of at most 3.34 apart, so that the longest slot of twice the natural bucket or less
+is over 0.6 of it and a bucket is 1 or 2 slots, for runs of up to 170 days (a natural
+bucket of 1,500 s: 1000 s slots)."""
 ROLLUP_VERSION = 1
 
 
