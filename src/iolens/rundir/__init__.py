@@ -1,11 +1,13 @@
 """The run directory: ``meta.json`` plus one JSON line per interval in ``records.jsonl``.
 
 The format's one home, at the bottom of the house: it imports nothing of
-iolens, and everything that writes or reads a run (the training side in the
-job's processes, the recorder, the sinks, the analysis) imports it. The
-binary timing records of ``timing/<pid>.bin`` are :mod:`iolens.rundir.records`;
-the record schema is SCHEMA_VERSION (:mod:`iolens.rundir.schema`: 2 adds ``train.pipeline`` and
-``storage``; 3 adds the network peers to ``storage``, keyed ``IP:PORT``, with
+iolens outside this package, and everything that writes or reads a run (the
+training side in the job's processes, the recorder, the sinks, the analysis)
+imports it. The binary timing records of ``timing/<pid>.bin`` are
+:mod:`iolens.rundir.records`, the rollups beside records.jsonl
+:mod:`iolens.rundir.rollup`; the record schema is SCHEMA_VERSION
+(:mod:`iolens.rundir.schema`: 2 adds ``train.pipeline`` and ``storage``; 3
+adds the network peers to ``storage``, keyed ``IP:PORT``, with
 ``connections``, ``new_connections_s``, ``rx_bytes_s`` and a local server's
 ``server_cpu_pct`` and ``server_read_bytes_s``, and a FUSE daemon's
 ``daemon_read_bytes_s``; older runs read as before).
