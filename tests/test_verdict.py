@@ -10,6 +10,7 @@ import pytest
 
 from iolens import IolensError
 from iolens.analysis import rules
+from iolens.analysis.pipeline import pipeline
 from iolens.analysis.rundata import load_run
 from iolens.analysis.verdict import Verdict, clock, diagnose, severity
 
@@ -470,6 +471,22 @@ def test_idle_workers_with_the_wait_in_the_hand_over_are_handover_bound() -> Non
     v = diagnose(piped(fetch=0.001, cpu=0.001, idle=0.05, handover=0.045, wait=0.05), META)
     assert v.cls == "handover-bound"
     assert not any(r.action.startswith("raise num_workers") for r in v.recommendations)
+
+
+def test_idle_workers_whose_fetch_waits_for_a_core_are_cpu_bound() -> None:
+    """NOTE [idle workers queued for a core]: the same idle workers and hand-over as above,
+    on cores so busy that the workers' fetch waits for one 60% of its time."""
+    records = piped(fetch=0.04, cpu=0.016, idle=0.05, handover=0.045, wait=0.05)
+    assert diagnose(records, {"cpus": 2}).cls == "handover-bound"
+    for r in records:
+        r["job"]["roles"]["worker"]["run_delay_pct"] = 30.0  # 0.3 s of each 1 s interval
+        r["cpu"].update(user=100.0, idle=0.0)
+    pipe = pipeline(records, {"cpus": 2})
+    assert pipe is not None and pipe.fetch_queue_share == pytest.approx(0.6)
+    assert (pipe.worker_idle_share or 0.0) >= rules.WORKERS_IDLE
+    v = diagnose(records, {"cpus": 2})
+    assert v.cls == "cpu-bound-input", v.evidence
+    assert not v.recommendations[0].action.startswith("make each batch cheaper"), v
 
 
 def test_idle_workers_behind_one_slow_batch_are_not_handover_bound() -> None:

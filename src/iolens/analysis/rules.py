@@ -117,7 +117,16 @@ FETCH_CPU = 0.5
 cheaper transforms or more cores help, faster storage does not."""
 WORKERS_IDLE = 0.5
 """Workers idle half their time or more wait for the loop to ask: they keep up, and more
-of them cannot shorten the wait that is left (hand-over, epoch starts)."""
+of them cannot shorten the wait that is left (hand-over, epoch starts).
+
+NOTE [idle workers queued for a core]: not where their fetch waits for a core
+(FETCH_QUEUED). Six JPEG workers on 2 cores, the loop waiting 25-32% of its step, idled
+38-52% of their time in ten runs while their fetch waited for a core 55-62% of it: the
+batch the loop waits for is queued, those done idle behind it (batches come back in
+order), and the loop's own hand-over (4.2-5.8 ms a batch) waits for a core too. One run
+in ten crossed half and was called handover-bound, whose advice (a cheaper hand-over)
+leaves the queue; fewer workers shorten it. Workers idle behind a slow hand-over on free
+cores (4 MiB a batch, 2 workers) waited for a core under 1% of their fetch."""
 READS_DATA_BYTES = 1024.0
 """A fetch that reads under 1 KiB per sample through syscalls, in no file, reads no
 dataset: what it blocks on is not storage."""

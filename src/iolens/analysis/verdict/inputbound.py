@@ -80,7 +80,11 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
     measured = bool(device_names(win))
     storage = "the storage not saturated" if measured else "the storage not measured"
     pipe = pipeline(win, meta)
-    idle_workers = pipe is not None and (pipe.worker_idle_share or 0.0) >= rules.WORKERS_IDLE
+    # Workers idle half their time keep up, unless their fetch waits for a core (NOTE
+    # [idle workers queued for a core] in iolens/analysis/rules.py).
+    queued = pipe is not None and (pipe.fetch_queue_share or 0.0) >= rules.FETCH_QUEUED
+    idle_workers = (pipe is not None and not queued
+                    and (pipe.worker_idle_share or 0.0) >= rules.WORKERS_IDLE)
     # Of the workers' busy time (fetch and collate, the collate counted as CPU): a light
     # read beside a heavy collate is not storage's doing.
     blocked = pipe is not None and (pipe.busy_blocked_share or 0.0) >= rules.FETCH_BLOCKED
