@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from iolens.analysis import model as pm
+from iolens.analysis.columns import StageColumns
 from iolens.analysis.model import Figures, Model, rate
+from iolens.analysis.rundata import load_run
+from iolens.analysis.verdict.figures import timed_records
 
 BASE = Figures(steps_per_s=10.0, compute_s=0.020, handover_s=0.001, batch=16, workers=1,
                fetch_s=0.005, fetch_cpu_s=0.0002, collate_s=0.001, epoch_start_s=0.0,
@@ -531,3 +536,40 @@ def test_fewer_workers_queue_less_for_the_cores() -> None:
     busy = dataclasses.replace(f, main_cpu_s=0.06)
     assert pm.more_workers(3)(busy).fetch_queue_s == pytest.approx(0.003 * 0.55 / 1.8)
     assert pm.more_workers(8)(f).fetch_s == pytest.approx(0.006)
+
+
+# -- the columns (NOTE [columns] in iolens/analysis/columns.py) --------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+
+
+def _recorded(name: str) -> tuple[list[dict[str, Any]], int]:
+    run = load_run(str(FIXTURES / name))
+    return timed_records(run.records), int(run.meta.get("cpus") or 0)
+
+
+@pytest.mark.parametrize("name", ["jpeg-six-workers-two-cores", "request-capped-disk",
+                                  "remote-waits-one-worker"])
+def test_figures_over_picked_columns_are_those_of_the_picked_records(name: str) -> None:
+    """A resample's figures come from the columns read once; they are the figures of the
+    records it picks, read again, to the last bit."""
+    records, cpus = _recorded(name)
+    cols = StageColumns.of(records)
+    rng = random.Random(7)
+    for k in (len(records), 5, 40):
+        picks = rng.choices(range(len(records)), k=k)
+        got = pm.figures(cols, cpus, None, 2, picks)
+        assert got == pm.figures([records[i] for i in picks], cpus, None, 2)
+        assert got is not None
+
+
+@pytest.mark.parametrize("name", ["jpeg-six-workers-two-cores", "request-capped-disk"])
+def test_a_model_given_the_storage_ceiling_is_the_one_built_with_it(name: str) -> None:
+    records, cpus = _recorded(name)
+    m = Model(records, cpus)
+    assert m.draws
+    for sps in (123.4, 1e13, float("nan")):
+        later, anew = m.with_storage(sps), Model(records, cpus, storage_sps=sps)
+        assert (later.whole, later.draws, later.unavailable) == (
+            anew.whole, anew.draws, anew.unavailable), sps
+        assert m.whole is not None and m.whole.storage_sps is None  # (left as it was)

@@ -20,7 +20,7 @@ def amount(d: Any, key: str) -> float:
     try:
         v = d.get(key) if isinstance(d, dict) else None
         f = float(v) if v is not None else 0.0
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (an integer beyond any float)
         return 0.0
     return f if math.isfinite(f) and f > 0 else 0.0
 

@@ -8,6 +8,7 @@ iolens/analysis/model/changes.py.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import random
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from iolens.analysis import resample
+from iolens.analysis.columns import StageColumns
 from iolens.analysis.model.changes import (
     CORES_TOGETHER_LOSS,
     Change,
@@ -23,9 +25,8 @@ from iolens.analysis.model.changes import (
     more_workers,
     with_freed_cores,
 )
-from iolens.analysis.model.records import MIN_STEADY_BATCHES, _stepping, _train, figures
+from iolens.analysis.model.records import MIN_STEADY_BATCHES, _stepping, figures
 from iolens.analysis.model.stages import Figures, Rate, _pause_cost, rate
-from iolens.analysis.pipeline import amount as _num
 from iolens.rundir.rollup import Bucket
 
 CONFIDENCE = 0.90
@@ -90,10 +91,11 @@ its predictions missed in the lab cases (MODEL_ERROR, or this run's own misfit i
 added to each side in quadrature. The basis says both."""
 
 
-def _folded_blocks(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _folded_blocks(records: Sequence[dict[str, Any]],
+                   columns: StageColumns) -> list[dict[str, Any]]:
     """The run's intervals (less its first and last) in contiguous blocks, each folded into
     one record."""
-    pool = _stepping(records)
+    pool = [records[i] for i in _stepping(columns, range(columns.n))]
     n = len(pool)
     if not n:
         return []
@@ -117,7 +119,9 @@ class Model:
                  storage_sps: float | None = None) -> None:
         self.records = list(records)
         self.cpus = cpus
-        self.whole = figures(self.records, cpus, storage_sps)
+        self.columns = StageColumns.of(self.records)
+        """The records' figures, read once (NOTE [columns] in iolens/analysis/columns.py)."""
+        self.whole = figures(self.columns, cpus, storage_sps)
         self.unavailable: str | None = None
         """Why the model predicts nothing though it has figures (too few batches)."""
         self.draws: list[Figures] = []
@@ -130,13 +134,13 @@ class Model:
                 f"the run timed {steady} steady batches (not opening an epoch); a prediction "
                 f"needs {MIN_STEADY_BATCHES}: {MIN_STEADY_BATCHES - steady} more, a longer run")
             return
-        blocks = _folded_blocks(self.records)
+        blocks = StageColumns.of(_folded_blocks(self.records, self.columns))
         rng = random.Random(SEED)
-        for _ in range(RESAMPLES if len(blocks) >= 2 else 0):
-            picks = rng.choices(blocks, k=len(blocks))
+        for _ in range(RESAMPLES if blocks.n >= 2 else 0):
+            picks = rng.choices(range(blocks.n), k=blocks.n)
             # Each resample keeps the run's storage ceiling: a saturated device's rate in
             # a resample is its ceiling there.
-            d = figures(picks, cpus, storage_sps, whole.workers)
+            d = figures(blocks, cpus, storage_sps, whole.workers, picks)
             if d is None:
                 continue
             # its steps without its starts and pauses, with the whole run's
@@ -147,14 +151,27 @@ class Model:
                 steps_per_s=1 / (max(paced, 1e-9) + whole.epoch_start_s
                                  + _pause_cost(whole))))
 
+    def with_storage(self, storage_sps: float) -> Model:
+        """This model where the storage serves at most ``storage_sps`` samples a second:
+        its figures and resamples with that ceiling (the same as a model built anew with
+        it, without reading the run again)."""
+        whole = self.whole
+        if whole is None or dataclasses.replace(whole, storage_sps=storage_sps) != figures(
+                self.columns, self.cpus, storage_sps):
+            return Model(self.records, self.cpus, storage_sps)
+        out = copy.copy(self)
+        out.whole = dataclasses.replace(whole, storage_sps=storage_sps)
+        out.draws = [dataclasses.replace(d, storage_sps=storage_sps) for d in self.draws]
+        return out
+
     def steady_batches(self) -> int:
         """Batches timed that did not open an epoch or hold a pause."""
+        c = self.columns
         n = starts = 0.0
-        for r in self.records:
-            t = _train(r)
-            n += _num(t, "batches")
-            starts += _num(t.get("epoch_start_wait"), "count")
-            starts += _num(t.get("pause_step"), "count")
+        for i in range(c.n):
+            n += c.batches[i]
+            starts += c.start_count[i]
+            starts += c.pauses[i]
         return max(0, int(n - starts))
 
     @property

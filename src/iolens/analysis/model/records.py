@@ -12,10 +12,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from iolens.analysis.columns import StageColumns
 from iolens.analysis.model.changes import HANDOVER_PRIOR_S
 from iolens.analysis.model.stages import Figures
-from iolens.analysis.pipeline import Pipeline, pipeline
-from iolens.analysis.pipeline import amount as _num
+from iolens.analysis.pipeline import Pipeline
 
 MIN_STEADY_BATCHES = 20
 """Fewer steady batches (not opening an epoch, holding no pause) than this: no prediction."""
@@ -25,70 +25,65 @@ CPU_SKIP_FROM = 4
 """From this many timed intervals on, the first and last are left out of the CPU per step."""
 
 
-def _train(rec: dict[str, Any]) -> dict[str, Any]:
-    t = rec.get("train")
-    return t if isinstance(t, dict) else {}
-
-
-def _role(rec: dict[str, Any], role: str) -> dict[str, Any]:
-    job = rec.get("job")
-    roles = job.get("roles") if isinstance(job, dict) else None
-    r = roles.get(role) if isinstance(roles, dict) else None
-    return r if isinstance(r, dict) else {}
-
-
-def declared_workers(records: Sequence[dict[str, Any]]) -> int:
+def declared_workers(records: Sequence[dict[str, Any]] | StageColumns,
+                     idx: Sequence[int] | None = None) -> int:
     """The DataLoader's num_workers (recorded in the intervals where an epoch starts)."""
-    return max((int(_num(_train(r), "num_workers")) for r in records), default=0)
+    c = records if isinstance(records, StageColumns) else StageColumns.of(records)
+    return max((int(c.num_workers[i]) for i in _all(c, idx)), default=0)
 
 
-def figures(records: Sequence[dict[str, Any]], cpus: int | None,
-            storage_sps: float | None = None, workers: int | None = None) -> Figures | None:
-    """The stage costs over ``records`` (timed intervals of a run), or None where the
+def _all(c: StageColumns, idx: Sequence[int] | None) -> Sequence[int]:
+    return range(c.n) if idx is None else idx
+
+
+def figures(records: Sequence[dict[str, Any]] | StageColumns, cpus: int | None,
+            storage_sps: float | None = None, workers: int | None = None,
+            idx: Sequence[int] | None = None) -> Figures | None:
+    """The stage costs over ``records`` (timed intervals of a run, or their columns: then
+    over the intervals ``idx``, in that order, by default all), or None where the
     stages were not timed (no pipeline figures) or no step was, or where the figures are
     beyond arithmetic (a damaged record). ``workers``: the run's num_workers (default: as
     declared in ``records``)."""
     try:
-        return _figures(records, cpus, storage_sps, workers)
+        c = records if isinstance(records, StageColumns) else StageColumns.of(records)
+        return _figures(c, _all(c, idx), cpus, storage_sps, workers)
     except (ArithmeticError, ValueError):
         return None
 
 
-def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
+def _figures(c: StageColumns, idx: Sequence[int], cpus: int | None,
              storage_sps: float | None, workers: int | None) -> Figures | None:
-    pipe = pipeline(records)
+    pipe = c.pipeline(idx)
     batches = step = wait = starts = 0.0
-    for r in records:
-        t = _train(r)
-        batches += _num(t, "batches")
-        step += _num(t.get("step"), "sum_s")
-        wait += _num(t.get("data_wait"), "sum_s")
-        starts += _num(t.get("epoch_start_wait"), "sum_s")
-    steady = _stepping(records)
+    for i in idx:
+        batches += c.batches[i]
+        step += c.step_s[i]
+        wait += c.wait_s[i]
+        starts += c.start_wait_s[i]
+    steady = _stepping(c, idx)
     # ... and the intervals in which an epoch began, where there are enough others: the
     # CPU of starting workers (a spawned worker imports torch again) is the epoch start's,
     # which persistent workers do not pay, not the step's.
-    calm = [r for r in steady if not _num(_train(r), "epochs_started")
-            and not _num(_train(r).get("pause_step"), "count")]
+    calm = [i for i in steady if not c.epochs[i] and not c.pauses[i]]
     if len(calm) >= max(1, len(steady) // 2):
         steady = calm
     secs = cpu_batches = main_cpu = worker_cpu = job_cpu = busy = main_delay = 0.0
-    for r in steady:
-        s = _num(r, "interval_s")
+    for i in steady:
+        s = c.secs[i]
         secs += s
-        cpu_batches += _num(_train(r), "batches")
-        main_cpu += _num(_role(r, "main"), "cpu_pct") / 100 * s
-        main_delay += _num(_role(r, "main"), "run_delay_pct") / 100 * s
-        worker_cpu += _num(_role(r, "worker"), "cpu_pct") / 100 * s
-        job_cpu += _num(r.get("job"), "cpu_pct") / 100 * s
-        c = r.get("cpu")
-        if isinstance(c, dict) and c and cpus:
-            busy += cpus * (100 - _num(c, "idle") - _num(c, "iowait")) / 100 * s
+        cpu_batches += c.batches[i]
+        main_cpu += c.main_cpu_s[i]
+        main_delay += c.main_delay_s[i]
+        worker_cpu += c.worker_cpu_s[i]
+        job_cpu += c.job_cpu_s[i]
+        used = c.used_pct[i]
+        if used is not None and cpus:
+            busy += cpus * used / 100 * s
     cpu_batches = cpu_batches or batches
     if pipe is None or batches <= 0 or step <= 0 or not pipe.samples:
         return None
     if workers is None:
-        workers = declared_workers(records)
+        workers = declared_workers(c, idx)
     if not workers and not pipe.in_process:
         workers = pipe.processes
     per = pipe.samples / pipe.batches
@@ -116,22 +111,19 @@ def _figures(records: Sequence[dict[str, Any]], cpus: int | None,
     # worker start in its step: 0.7 ms more compute a batch over a 147-batch starved run.
     n_starts = start_steps = 0.0
     first: tuple[float, float] | None = None
-    epochs = sum(_num(_train(r), "epochs_started") for r in records)
+    epochs = sum(c.epochs[i] for i in idx)
     # The loop's pauses (NOTE [pauses]) are left out of its compute and the typical wait
     # as the epoch starts are, and what they take beyond a step is their own stage.
     n_pauses = pause_steps = pause_waits = 0.0
-    for r in records:
-        t = _train(r)
-        n_pauses += _num(t.get("pause_step"), "count")
-        pause_steps += _num(t.get("pause_step"), "sum_s")
-        pause_waits += _num(t.get("pause_wait"), "sum_s")
-        sw, ss = t.get("epoch_start_wait"), t.get("epoch_start_step")
-        count = _num(sw, "count")
+    for i in idx:
+        n_pauses += c.pauses[i]
+        pause_steps += c.pause_step_s[i]
+        pause_waits += c.pause_wait_s[i]
+        count = c.start_count[i]
         if count <= 0:
             continue
         n_starts += count
-        # (records from before the steps were kept: the step taken as the wait)
-        ss_sum = _num(ss, "sum_s") if isinstance(ss, dict) else _num(sw, "sum_s")
+        ss_sum = c.start_step_s[i]
         start_steps += ss_sum
         if first is None:
             first = (ss_sum, count)
@@ -184,13 +176,13 @@ def _loop_handover(pipe: Pipeline) -> float:
     return idle * h + (1 - idle) * min(h, HANDOVER_PRIOR_S)
 
 
-def _stepping(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The intervals the CPU per step is read from: from the first that timed a batch to
-    the last, less those two (NOTE [the CPU of the steps])."""
-    timed = [i for i, r in enumerate(records) if _num(_train(r), "batches") > 0]
+def _stepping(c: StageColumns, idx: Sequence[int]) -> list[int]:
+    """The intervals (of ``idx``) the CPU per step is read from: from the first that timed
+    a batch to the last, less those two (NOTE [the CPU of the steps])."""
+    timed = [k for k, i in enumerate(idx) if c.batches[i] > 0]
     if not timed:
-        return list(records)
-    window = list(records[timed[0]:timed[-1] + 1])
+        return list(idx)
+    window = list(idx[timed[0]:timed[-1] + 1])
     return window[1:-1] if len(window) >= CPU_SKIP_FROM else window
 
 

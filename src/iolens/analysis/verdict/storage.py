@@ -9,7 +9,6 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.model import Model
 from iolens.analysis.pipeline import Pipeline
 from iolens.analysis.verdict.figures import DeviceLoad, device_load, num, secs_of, train
 from iolens.analysis.verdict.result import Recommendation, Verdict
@@ -42,7 +41,7 @@ def store_limited(v: Verdict, samples_per_s: float) -> None:
     """From here on the model knows the storage serves at most ``samples_per_s``."""
     m = v.model
     if m is not None:
-        v.model = Model(m.records, m.cpus, storage_sps=samples_per_s)
+        v.model = m.with_storage(samples_per_s)
 
 """NOTE [what the device serves]: a saturated device's ceiling is the samples a second it
 served over the intervals of its load, scaled to its full utilization. The run's rate over
