@@ -1,19 +1,20 @@
 """A run's interval figures as typed columns, read once (NOTE [columns]).
 
-:class:`StageColumns` holds what the model's stage costs are made of, one entry per
-interval record: the loop's batches, steps and waits, the epochs' starts and the pauses,
-the processes' CPU, the machine's busy share and the pipeline's stage timing. Built once
-from a run's records (or from its resampling blocks), any span or pick of intervals is
-then summed from it without reading a record again.
+:class:`StageColumns` holds what the pipeline's figures and the model's stage costs are
+made of, one entry per interval record: the loop's batches, steps and waits, the epochs'
+starts and the pauses, the processes' CPU, the machine's busy share, the workers' stage
+timing and the bytes they read. Built once from a run's records (or from its resampling
+blocks), any span or pick of intervals is then summed from it without reading a record
+again (:func:`iolens.analysis.pipeline.pipeline_over`,
+:func:`iolens.analysis.model.figures`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from iolens.analysis.pipeline import Pipeline, amount
 
 """NOTE [columns]: records travel as dicts from the run directory, and each part of the
 analysis used to read the figures it needs out of every record again, through its own
@@ -23,6 +24,24 @@ ceiling was known): in a week's report, 1.5 s of 5.3 under a profiler. The colum
 read from the records once; a figure over a span is a sum over entries, added in the
 records' order (the figures are the same to the last bit as those read from the records
 one by one). This is the first part of the analysis's typed view of a run."""
+
+
+def amount(d: Any, key: str) -> float:
+    """A finite, non-negative figure of ``d``, else 0 (a damaged record hides nothing)."""
+    try:
+        v = d.get(key) if isinstance(d, dict) else None
+        f = float(v) if v is not None else 0.0
+    except (TypeError, ValueError, OverflowError):  # (an integer beyond any float)
+        return 0.0
+    return f if math.isfinite(f) and f > 0 else 0.0
+
+
+def network_bytes(rec: dict[str, Any]) -> float:
+    """Bytes the job received from the dataset's network peers in one interval."""
+    st = rec.get("storage")
+    if not isinstance(st, dict):
+        return 0.0
+    return sum(amount(fig, "rx_bytes_s") for fig in st.values()) * amount(rec, "interval_s")
 
 
 def _train(rec: Any) -> dict[str, Any]:
@@ -86,6 +105,17 @@ class StageColumns:
     worker_pids: tuple[float, ...]
     worker_queue_s: tuple[float, ...]
     """Seconds the workers waited for a core in the interval (their run delay)."""
+    main_rchar_s: tuple[float, ...]
+    """Bytes a second the training process and the workers read through syscalls, wrote,
+    and read from block devices (NOTE [bytes per sample] in
+    iolens/analysis/pipeline.py)."""
+    main_wchar_s: tuple[float, ...]
+    main_read_s: tuple[float, ...]
+    worker_rchar_s: tuple[float, ...]
+    worker_wchar_s: tuple[float, ...]
+    worker_read_s: tuple[float, ...]
+    net_bytes: tuple[float, ...]
+    """Bytes received from the dataset's network peers in the interval."""
 
     @property
     def n(self) -> int:
@@ -134,39 +164,13 @@ class StageColumns:
                     ("p_handover_s", amount(p.get("handover"), "sum_s")),
                     ("p_in_process", p.get("in_process") is True and n > 0),
                     ("worker_pids", amount(worker, "pids")),
-                    ("worker_queue_s", amount(worker, "run_delay_pct") / 100 * max(0.0, s))):
+                    ("worker_queue_s", amount(worker, "run_delay_pct") / 100 * max(0.0, s)),
+                    ("main_rchar_s", amount(main, "rchar_s")),
+                    ("main_wchar_s", amount(main, "wchar_s")),
+                    ("main_read_s", amount(main, "read_bytes_s")),
+                    ("worker_rchar_s", amount(worker, "rchar_s")),
+                    ("worker_wchar_s", amount(worker, "wchar_s")),
+                    ("worker_read_s", amount(worker, "read_bytes_s")),
+                    ("net_bytes", network_bytes(rec) if isinstance(rec, dict) else 0.0)):
                 cols[name].append(value)
         return cls(**{k: tuple(v) for k, v in cols.items()})
-
-    def pipeline(self, idx: Sequence[int]) -> Pipeline | None:
-        """The pipeline's stage figures over the intervals ``idx`` (in their order), as
-        :func:`iolens.analysis.pipeline.pipeline` gives them from those records, less the
-        bytes read (0 here: the model does not use them); None where no batch was made."""
-        batches = samples = files = handovers = processes = 0
-        fetch = cpu = collate = idle = handover = queue = 0.0
-        in_process = False
-        first = last = -1
-        for k, i in enumerate(idx):
-            n = self.p_batches[i]
-            batches += n
-            samples += self.p_samples[i]
-            fetch += self.p_fetch_s[i]
-            cpu += self.p_fetch_cpu_s[i]
-            collate += self.p_collate_s[i]
-            idle += self.p_idle_s[i]
-            files += self.p_files[i]
-            processes = max(processes, self.p_processes[i])
-            handovers += self.p_handovers[i]
-            handover += self.p_handover_s[i]
-            in_process = in_process or self.p_in_process[i]
-            if n > 0:
-                first = k if first < 0 else first
-                last = k
-        if batches == 0:
-            return None
-        if not in_process:  # the workers' wait for a core, from the first with a worker
-            first = next((k for k, i in enumerate(idx[:first]) if self.worker_pids[i]), first)
-            for i in idx[first:last + 1]:
-                queue += self.worker_queue_s[i]
-        return Pipeline(batches, samples, fetch, cpu, collate, idle, files, handovers,
-                        handover, 0.0, 0.0, in_process, processes, queue_s=queue)

@@ -9,24 +9,13 @@ per-sample and per-batch figures over a span of records.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from iolens.analysis.columns import StageColumns, amount, network_bytes
 
-def amount(d: Any, key: str) -> float:
-    """A finite, non-negative figure of ``d``, else 0 (a damaged record hides nothing)."""
-    try:
-        v = d.get(key) if isinstance(d, dict) else None
-        f = float(v) if v is not None else 0.0
-    except (TypeError, ValueError, OverflowError):  # (an integer beyond any float)
-        return 0.0
-    return f if math.isfinite(f) and f > 0 else 0.0
-
-
-def _secs(rec: dict[str, Any]) -> float:
-    return max(0.0, amount(rec, "interval_s"))
+__all__ = ["Pipeline", "amount", "network_bytes", "pipeline", "pipeline_over", "stage_series"]
 
 
 def _pipe(rec: dict[str, Any]) -> dict[str, Any]:
@@ -187,34 +176,36 @@ def pipeline(records: Iterable[dict[str, Any]],
     byte read twice and written once, so what they wrote is taken off what they read);
     from a block device (then read_bytes counts: without one, what the processes made
     a device read is their own code paged in, not data)."""
+    recs = records if isinstance(records, Sequence) else list(records)
+    return pipeline_over(StageColumns.of(recs), range(len(recs)), meta)
+
+
+def pipeline_over(c: StageColumns, idx: Sequence[int],
+                  meta: dict[str, Any] | None = None) -> Pipeline | None:
+    """:func:`pipeline` over the intervals ``idx`` (in that order) of a run's columns."""
     meta = meta or {}
     mapped, cache = dataset_mapped(meta), dataset_cached(meta)
     on_disk = dataset_on_disk(meta)
-    recs = records if isinstance(records, Sequence) else list(records)
     batches = samples = files = handovers = processes = 0
     fetch = cpu = collate = idle = handover = read = disk = net = queue = 0.0
     in_process = False
     first = last = -1
-    for i, rec in enumerate(recs):
-        p = _pipe(rec)
-        if not p:
-            continue
-        n = int(amount(p, "batches"))
+    for k, i in enumerate(idx):
+        n = c.p_batches[i]
         batches += n
-        samples += int(amount(p, "samples"))
-        fetch += amount(p, "fetch_s")
-        cpu += amount(p, "fetch_cpu_s")
-        collate += amount(p, "collate_s")
-        idle += amount(p, "idle_s")
-        files += int(amount(p, "files"))
-        processes = max(processes, int(amount(p, "processes")))
-        h = p.get("handover")
-        handovers += int(amount(h, "count"))
-        handover += amount(h, "sum_s")
-        in_process = in_process or (p.get("in_process") is True and n > 0)
+        samples += c.p_samples[i]
+        fetch += c.p_fetch_s[i]
+        cpu += c.p_fetch_cpu_s[i]
+        collate += c.p_collate_s[i]
+        idle += c.p_idle_s[i]
+        files += c.p_files[i]
+        processes = max(processes, c.p_processes[i])
+        handovers += c.p_handovers[i]
+        handover += c.p_handover_s[i]
+        in_process = in_process or c.p_in_process[i]
         if n > 0:
-            first = i if first < 0 else first
-            last = i
+            first = k if first < 0 else first
+            last = k
     if batches == 0:
         return None
     # The bytes, over every interval from the first with a worker (the first batch's
@@ -222,25 +213,19 @@ def pipeline(records: Iterable[dict[str, Any]],
     # it the training process reads its own code) to the last batch: a fetch slower than
     # an interval reads in intervals where no batch is made.
     if not in_process:
-        first = next((i for i, rec in enumerate(recs[:first])
-                      if amount(_role(rec, "worker"), "pids")), first)
-    for rec in recs[first:last + 1]:
-        role = _role(rec, "main" if in_process else "worker")
-        got = amount(role, "rchar_s")
-        read += (max(0.0, got - amount(role, "wchar_s")) if cache else got) * _secs(rec)
-        disk += amount(role, "read_bytes_s") * _secs(rec)
-        net += network_bytes(rec)
+        first = next((k for k, i in enumerate(idx[:first]) if c.worker_pids[i]), first)
+    rchar, wchar, disk_s = ((c.main_rchar_s, c.main_wchar_s, c.main_read_s) if in_process
+                            else (c.worker_rchar_s, c.worker_wchar_s, c.worker_read_s))
+    for i in idx[first:last + 1]:
+        secs = c.secs[i]
+        got = rchar[i]
+        read += (max(0.0, got - wchar[i]) if cache else got) * secs
+        disk += disk_s[i] * secs
+        net += c.net_bytes[i]
         if not in_process:  # (the loop's own wait is its compute's too)
-            queue += amount(role, "run_delay_pct") / 100 * _secs(rec)
+            queue += c.worker_queue_s[i]
     return Pipeline(batches, samples, fetch, cpu, collate, idle, files, handovers, handover,
                     read, disk, in_process, processes, net, mapped, on_disk, queue)
-
-
-def _role(rec: dict[str, Any], name: str) -> dict[str, Any] | None:
-    job = rec.get("job")
-    roles = job.get("roles") if isinstance(job, dict) else None
-    role = roles.get(name) if isinstance(roles, dict) else None
-    return role if isinstance(role, dict) else None
 
 
 def dataset_mapped(meta: dict[str, Any]) -> bool:
@@ -264,14 +249,6 @@ def dataset_cached(meta: dict[str, Any]) -> bool:
     st = meta.get("storage")
     return isinstance(st, list) and any(isinstance(s, dict) and s.get("role") == "cache"
                                         for s in st)
-
-
-def network_bytes(rec: dict[str, Any]) -> float:
-    """Bytes the job received from the dataset's network peers in one interval."""
-    st = rec.get("storage")
-    if not isinstance(st, dict):
-        return 0.0
-    return sum(amount(fig, "rx_bytes_s") for fig in st.values()) * _secs(rec)
 
 
 def stage_series(records: Sequence[dict[str, Any]]) -> list[dict[str, float]]:

@@ -15,7 +15,7 @@ from typing import Any
 from iolens.analysis.columns import StageColumns
 from iolens.analysis.model.changes import HANDOVER_PRIOR_S
 from iolens.analysis.model.stages import Figures
-from iolens.analysis.pipeline import Pipeline
+from iolens.analysis.pipeline import Pipeline, pipeline_over
 
 MIN_STEADY_BATCHES = 20
 """Fewer steady batches (not opening an epoch, holding no pause) than this: no prediction."""
@@ -53,7 +53,7 @@ def figures(records: Sequence[dict[str, Any]] | StageColumns, cpus: int | None,
 
 def _figures(c: StageColumns, idx: Sequence[int], cpus: int | None,
              storage_sps: float | None, workers: int | None) -> Figures | None:
-    pipe = c.pipeline(idx)
+    pipe = pipeline_over(c, idx)
     batches = step = wait = starts = 0.0
     for i in idx:
         batches += c.batches[i]
