@@ -252,6 +252,19 @@ def same_run(a: Any, b: Any) -> None:
         assert close(x, y), (x, y)
 
 
+def read_from(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The bytes of records.jsonl from which each later fold of its records begins."""
+    starts: list[int] = []
+    fold = longrun.fold_records
+
+    def spy(path: str, bucket_s: float, jobs: int | None = None, *, start: int = 0) -> Any:
+        starts.append(start)
+        return fold(path, bucket_s, jobs, start=start)
+
+    monkeypatch.setattr(longrun, "fold_records", spy)
+    return starts
+
+
 def test_the_recorders_rollups_give_the_buckets_of_its_records(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every record through RunDir: rollups of each slot length beside them, covering the
@@ -267,14 +280,7 @@ def test_the_recorders_rollups_give_the_buckets_of_its_records(
     rolled = read_rollups(str(run), str(run / "records.jsonl"), 30.0)
     assert rolled is not None
     monkeypatch.setattr(longrun, "TARGET_BUCKETS", 60)  # natural 34 s: 60 s, 30 s slots
-    starts = []
-    fold = longrun.fold_records
-
-    def spy(path: str, bucket_s: float, jobs: int | None = None, *, start: int = 0) -> Any:
-        starts.append(start)
-        return fold(path, bucket_s, jobs, start=start)
-
-    monkeypatch.setattr(longrun, "fold_records", spy)
+    starts = read_from(monkeypatch)
     long = load_run(str(run), max_records=500)
     assert starts == [rolled.to]  # no record read: the rollups hold them all
     assert long.bucket_s == 60.0 and len(long.records) == 34
@@ -400,3 +406,127 @@ def test_damaged_rollups_never_fail_the_report(tmp_path: Path,
         rolled = read_rollups(str(run), str(run / "records.jsonl"), 30.0)
         assert rolled is None or len(rolled.slots) <= k or bytes(line) == lines[k]
         same_run(load_run(str(run), max_records=500), plain)
+
+
+# -- rollups rebuilt (NOTE [rollups rebuilt] in iolens/analysis/rebuild.py) --------------
+
+def ended(run: Path) -> Path:
+    """The run marked finished in its meta.json, as `iolens run` leaves it."""
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "end": "2026-12-04T18:00:00+00:00"}))
+    return run
+
+
+def test_rollups_rebuilt_from_the_records_are_the_recorders_byte_for_byte(
+        tmp_path: Path) -> None:
+    """Every slot length, folded in 1 to 4 processes whose byte ranges end where every
+    slot length's slot changes (each 3,000 s): the files the recorder wrote, to the byte."""
+    from iolens.analysis.rebuild import rebuild_rollups
+    from iolens.rundir.rollup import ROLLUP_LEVELS, read_rollups, rollups_file
+
+    run = recorded(tmp_path / "run", varied_run(7000))
+    records = str(run / "records.jsonl")
+    for jobs in (1, 2, 3, 4):
+        rebuilt = rebuild_rollups(records, 100.0, jobs)
+        assert rebuilt is not None
+        for slot_s in ROLLUP_LEVELS:
+            assert b"".join(rebuilt.lines[slot_s]) == (run / rollups_file(slot_s)).read_bytes()
+        rolled = read_rollups(str(run), records, 100.0)
+        assert rolled is not None
+        assert (rebuilt.rolled.records, rebuilt.rolled.to) == (rolled.records, rolled.to)
+        assert [s for s, _ in rebuilt.rolled.slots] == [s for s, _ in rolled.slots]
+        assert [b.state() for _, b in rebuilt.rolled.slots] == [
+            b.state() for _, b in rolled.slots]
+
+
+def test_a_finished_long_run_without_rollups_is_read_through_rollups_rebuilt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read with rebuild=True: the same run as from its records; once the rollups are
+    written, the next read folds no record; a run not finished is not rebuilt."""
+    from iolens.rundir import replace_rollups
+
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 60)
+    run = recorded(tmp_path / "run", varied_run(2000))
+    plain = load_run(str(without_rollups(run, tmp_path / "plain")), max_records=500)
+    assert load_run(str(tmp_path / "plain"), max_records=500, rebuild=True).rollups is None
+    bare = ended(without_rollups(run, tmp_path / "bare"))
+    first = load_run(str(bare), max_records=500, rebuild=True)
+    same_run(first, plain)
+    assert first.rollups is not None
+    replace_rollups(str(bare), first.rollups)
+    assert sorted(p.name for p in bare.iterdir()) == sorted(p.name for p in run.iterdir())
+    starts = read_from(monkeypatch)
+    again = load_run(str(bare), max_records=500, rebuild=True)
+    assert again.rollups is None and starts == [(bare / "records.jsonl").stat().st_size]
+    same_run(again, plain)
+    monkeypatch.undo()
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 60)
+    # rollups that hold only the run's start (their writes failed): rebuilt whole
+    full = (run / "rollups-30s.jsonl").read_bytes()
+    lines = full.splitlines(keepends=True)
+    (bare / "rollups-30s.jsonl").write_bytes(b"".join(lines[:len(lines) // 3]))
+    short = load_run(str(bare), max_records=500, rebuild=True)
+    assert short.rollups is not None and b"".join(short.rollups[30.0]) == full
+    same_run(short, plain)
+    # ... but not where they end at a line that is not a record: they would end there again
+    damaged = ended(without_rollups(run, tmp_path / "damaged"))
+    data = (run / "records.jsonl").read_bytes()
+    cut = json.loads(lines[20])["to"]  # where the 21st 30 s slot ends
+    (damaged / "records.jsonl").write_bytes(data[:cut] + b"{not json}\n" + data[cut:])
+    for slot_s in (10, 30, 100, 300, 1000):
+        kept = [ln for ln in (run / f"rollups-{slot_s}s.jsonl").read_bytes().splitlines(
+            keepends=True) if json.loads(ln)["to"] <= cut]
+        (damaged / f"rollups-{slot_s}s.jsonl").write_bytes(b"".join(kept))
+    from iolens.analysis import rebuild
+
+    def refused(*_: Any) -> None:
+        raise AssertionError("rebuilt where the rollups end at a line that is not a record")
+
+    monkeypatch.setattr(rebuild, "rebuild_rollups", refused)
+    assert load_run(str(damaged), max_records=500, rebuild=True).rollups is None
+
+
+def test_rollups_rebuilt_stop_at_the_first_line_that_is_not_a_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A damaged line: the rollups end before it, the records after it are read as those
+    past a run's rollups, and the run (its note of the line skipped too) is the one read
+    from its records."""
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 60)
+    records = varied_run(2000)
+    lines = [json.dumps(r) + "\n" for r in records]
+    lines.insert(1234, '{"schema": 1, "seq": "torn\n')
+    for name in ("damaged", "plain"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "records.jsonl").write_text("".join(lines))
+        (tmp_path / name / "meta.json").write_text(json.dumps({**META, "interval_s": 1.0}))
+    ended(tmp_path / "damaged")
+    got = load_run(str(tmp_path / "damaged"), max_records=500, rebuild=True)
+    assert got.rollups is not None
+    last = json.loads(got.rollups[10.0][-1])
+    assert last["to"] == len("".join(lines[:1234]).encode())
+    assert any("not JSON" in n for n in got.notes), got.notes
+    same_run(got, load_run(str(tmp_path / "plain"), max_records=500))
+
+
+def test_iolens_report_writes_the_rollups_a_finished_long_run_lacks(tmp_path: Path) -> None:
+    """As a user runs it: a long run recorded without rollups (60,000 intervals) reports,
+    writes them and says so; the next report reads them and says the same. A run directory
+    that cannot take them still gets its report."""
+    run = ended(write(tmp_path / "run", varied_run(60_000)))
+
+    def report(*extra: str) -> tuple[str, str]:
+        out = subprocess.run([sys.executable, "-m", "iolens", "report", str(run), "--format",
+                              "json", *extra], capture_output=True, text=True, timeout=300,
+                             check=True)
+        return out.stdout, out.stderr
+
+    blocked = run / "rollups-10s.jsonl"
+    blocked.mkdir()  # (a directory where a file goes: root writes anywhere else)
+    kept, said = report()
+    assert "could not be written" in said and not (run / "rollups-30s.jsonl").exists()
+    blocked.rmdir()
+    first, said = report()
+    assert "wrote the run's rollups" in said, said
+    assert first == kept
+    second, said = report()
+    assert second == first and "rollups" not in said, said

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iolens.rundir import SCHEMA_VERSION
-from iolens.rundir.rollup import ROLLUP_LEVELS, Bucket, loads, read_rollups
+from iolens.rundir.rollup import ROLLUP_LEVELS, Bucket, Rolled, loads, read_rollups
 
 LONG_RUN_RECORDS = 50_000
 """More records than this (14 hours at 1 s) are read as buckets."""
@@ -383,13 +383,16 @@ def estimate_records(path: str) -> tuple[int, float]:
     return estimate, last
 
 
-def fold_run(path: str, bucket_s: float, jobs: int | None = None) -> ChunkResult:
+def fold_run(path: str, bucket_s: float, jobs: int | None = None, *,
+             rolled: Rolled | bool | None = True) -> ChunkResult:
     """Every record of records.jsonl at ``path`` folded into buckets of ``bucket_s``: from
     the rollups beside it as far as they hold it (when the buckets are whole rollup slots)
-    and from the records after them (NOTE [rollups] in iolens/rundir/rollup.py)."""
+    and from the records after them (NOTE [rollups] in iolens/rundir/rollup.py).
+    ``rolled``: the rollups already read (None: there are none), else they are read."""
     slot_s = rollup_slot(bucket_s)
-    rolled = read_rollups(os.path.dirname(path) or ".", path, slot_s) if slot_s else None
-    if rolled is None:
+    if rolled is True:
+        rolled = read_rollups(os.path.dirname(path) or ".", path, slot_s) if slot_s else None
+    if not isinstance(rolled, Rolled) or not slot_s:
         return fold_records(path, bucket_s, jobs)
     per = round(bucket_s / slot_s)
     total = fold_records(path, bucket_s, jobs, start=rolled.to)

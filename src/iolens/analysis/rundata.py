@@ -19,8 +19,10 @@ from iolens.analysis.longrun import (
     estimate_records,
     fold_run,
     is_duplicate,
+    rollup_slot,
 )
 from iolens.rundir import META, RECORDS, SCHEMA_VERSION, STORAGE_PROBE
+from iolens.rundir.rollup import read_rollups
 
 
 @dataclass
@@ -34,9 +36,14 @@ class RunData:
     """What was skipped or suspect, in words for the report."""
     bucket_s: float | None = None
     """For a long run read in buckets (iolens.analysis.longrun), their length."""
+    rollups: dict[float, list[bytes]] | None = None
+    """The lines of each rollup file, where they were rebuilt from the records for the
+    caller to write (``load_run(rebuild=True)``: NOTE [rollups rebuilt] in
+    iolens/analysis/rebuild.py)."""
 
 
-def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS) -> RunData:
+def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS,
+             rebuild: bool = False) -> RunData:
     """Read ``path`` (a run directory, or its records.jsonl).
 
     Raises :class:`IolensError` when there is no run there at all, or neither a
@@ -44,7 +51,9 @@ def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS) -> RunDat
     or corrupt meta.json, torn or corrupt lines, records that are not
     objects and records of a newer schema are skipped or kept with a note.
     A run of more than ``max_records`` intervals is read as time buckets
-    (:mod:`iolens.analysis.longrun`).
+    (:mod:`iolens.analysis.longrun`); ``rebuild``: where such a run has ended and has no
+    rollups that match its records, they are folded from the records and returned in
+    :attr:`RunData.rollups` (NOTE [rollups rebuilt] in iolens/analysis/rebuild.py).
     """
     if os.path.isfile(path) and os.path.basename(path) == RECORDS:
         path = os.path.dirname(path) or "."
@@ -75,7 +84,7 @@ def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS) -> RunDat
     if max_records is not None and os.path.isfile(rec_path):
         estimate, last = estimate_records(rec_path)
         if estimate > max_records:
-            return _load_long(path, rec_path, meta, notes, last)
+            return _load_long(path, rec_path, meta, notes, last, rebuild=rebuild)
     records: list[dict[str, Any]] = []
     skipped = Skipped()
     seen: set[tuple[int, float]] = set()
@@ -127,10 +136,23 @@ def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS) -> RunDat
 
 
 def _load_long(path: str, rec_path: str, meta: dict[str, Any], notes: list[str],
-               last: float) -> RunData:
+               last: float, *, rebuild: bool) -> RunData:
     interval = meta.get("interval_s")
     bucket_s = bucket_seconds(last, interval if isinstance(interval, (int, float)) else None)
-    folded = fold_run(rec_path, bucket_s)
+    slot_s = rollup_slot(bucket_s)
+    rolled = read_rollups(path, rec_path, slot_s) if slot_s else None
+    rebuilt = None
+    if rebuild and slot_s and meta.get("end"):
+        from iolens.analysis import rebuild as rb  # noqa: PLC0415 - rarely needed
+
+        had = rolled.to if rolled is not None else 0
+        if rb.worth_rebuilding(rec_path, had):
+            rebuilt = rb.rebuild_rollups(rec_path, slot_s)
+            if rebuilt is not None and rebuilt.rolled.to > had:
+                rolled = rebuilt.rolled
+            else:  # (a line the recorder folded that is not a record: no further)
+                rebuilt = None
+    folded = fold_run(rec_path, bucket_s, rolled=rolled)
     records = list(bucket_records(folded))
     note = folded.skipped.note(RECORDS)
     if not records and not meta:
@@ -143,7 +165,8 @@ def _load_long(path: str, rec_path: str, meta: dict[str, Any], notes: list[str],
         notes.append(f"{folded.newer} record(s) come from a newer iolens (schema above "
                      f"{SCHEMA_VERSION}); read as far as their fields are known")
     _note_lost(meta, notes)
-    return RunData(path, meta, records, notes, bucket_s)
+    return RunData(path, meta, records, notes, bucket_s,
+                   rebuilt.lines if rebuilt is not None else None)
 
 
 def _nothing_usable(path: str, note: str | None, notes: list[str]) -> IolensError:

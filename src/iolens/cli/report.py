@@ -28,7 +28,11 @@ formats:
 
 A damaged run directory (a torn last line, corrupt lines, a missing
 meta.json, records from a newer iolens) is read as far as it is valid, and
-the report's notes say what was skipped.
+the report's notes say what was skipped. A long run (over 50,000 intervals)
+is read from the rollups written beside its records; where a finished run
+has none, or they stop early, the report folds its records into new ones and
+writes them into RUN (its later reports then read them; a folder that cannot
+take them is left as it was).
 
 exit codes: 0 written, 1 the output could not be written (or plotly is missing for
 html), 2 no run at RUN or bad options
@@ -95,10 +99,12 @@ def run(ns: argparse.Namespace) -> int:
     if os.path.isdir(ns.run) and not is_run(ns.run):
         return _run_multi(ns, build_multi)
     try:
-        data = load_run(ns.run)
+        data = load_run(ns.run, rebuild=True)
     except IolensError as exc:
         print(f"iolens report: {exc}", file=sys.stderr)
         return 2
+    if data.rollups:
+        _keep_rollups(data.path, data.rollups)
     report = build_report(data)
     output = ns.output
     default_output = False
@@ -130,6 +136,24 @@ def run(ns: argparse.Namespace) -> int:
     if output:
         print(f"iolens report: wrote {output}", file=sys.stderr)
     return 0
+
+
+def _keep_rollups(path: str, lines: dict[float, list[bytes]]) -> None:
+    """Write the rollups the report rebuilt from the run's records, so that the next report
+    reads them (NOTE [rollups rebuilt] in iolens/analysis/rebuild.py); a run directory
+    that cannot take them (read-only, full) is left as it was."""
+    from iolens.rundir import replace_rollups  # noqa: PLC0415
+
+    try:
+        replace_rollups(path, lines)
+    except OSError as exc:
+        print(f"iolens report: the run's rollups, rebuilt from its records, could not be "
+              f"written ({exc.strerror or exc}): each report reads all its records",
+              file=sys.stderr)
+        return
+    n = sum(len(v) for v in lines.values())
+    print(f"iolens report: wrote the run's rollups ({n} lines, rebuilt from its records): "
+          "later reports read them", file=sys.stderr)
 
 
 def _run_multi(ns: argparse.Namespace, build: Any) -> int:

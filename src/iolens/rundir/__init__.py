@@ -163,6 +163,14 @@ def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t).astimezone().isoformat(timespec="milliseconds")
 
 
+def replace_rollups(path: str, lines: dict[float, list[bytes]]) -> None:
+    """Put each slot length's rollup lines (rebuilt from records.jsonl: NOTE [rollups
+    rebuilt] in iolens/analysis/rebuild.py) in place of its file in the run directory
+    ``path``, each file whole or not at all; OSError when one cannot be."""
+    for slot_s, data in lines.items():
+        write_atomic(os.path.join(path, rollup.rollups_file(slot_s)), b"".join(data))
+
+
 class RunDir:
     """Creates and writes one run directory."""
 
