@@ -526,6 +526,7 @@ def test_iolens_report_writes_the_rollups_a_finished_long_run_lacks(tmp_path: Pa
     assert "could not be written" in said and not (run / "rollups-30s.jsonl").exists()
     blocked.rmdir()
     first, said = report()
+    assert "its rollups are missing: folding its records (about " in said, said
     assert "wrote the run's rollups" in said, said
     assert first == kept
     second, said = report()

@@ -43,7 +43,7 @@ class RunData:
 
 
 def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS,
-             rebuild: bool = False) -> RunData:
+             rebuild: bool | Callable[[str], None] = False) -> RunData:
     """Read ``path`` (a run directory, or its records.jsonl).
 
     Raises :class:`IolensError` when there is no run there at all, or neither a
@@ -53,7 +53,8 @@ def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS,
     A run of more than ``max_records`` intervals is read as time buckets
     (:mod:`iolens.analysis.longrun`); ``rebuild``: where such a run has ended and has no
     rollups that match its records, they are folded from the records and returned in
-    :attr:`RunData.rollups` (NOTE [rollups rebuilt] in iolens/analysis/rebuild.py).
+    :attr:`RunData.rollups` (NOTE [rollups rebuilt] in iolens/analysis/rebuild.py); a
+    function is told, in words, when that begins.
     """
     if os.path.isfile(path) and os.path.basename(path) == RECORDS:
         path = os.path.dirname(path) or "."
@@ -84,7 +85,8 @@ def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS,
     if max_records is not None and os.path.isfile(rec_path):
         estimate, last = estimate_records(rec_path)
         if estimate > max_records:
-            return _load_long(path, rec_path, meta, notes, last, rebuild=rebuild)
+            return _load_long(path, rec_path, meta, notes, last, estimate=estimate,
+                              rebuild=rebuild)
     records: list[dict[str, Any]] = []
     skipped = Skipped()
     seen: set[tuple[int, float]] = set()
@@ -136,7 +138,8 @@ def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS,
 
 
 def _load_long(path: str, rec_path: str, meta: dict[str, Any], notes: list[str],
-               last: float, *, rebuild: bool) -> RunData:
+               last: float, *, estimate: int,
+               rebuild: bool | Callable[[str], None]) -> RunData:
     interval = meta.get("interval_s")
     bucket_s = bucket_seconds(last, interval if isinstance(interval, (int, float)) else None)
     slot_s = rollup_slot(bucket_s)
@@ -147,6 +150,9 @@ def _load_long(path: str, rec_path: str, meta: dict[str, Any], notes: list[str],
 
         had = rolled.to if rolled is not None else 0
         if rb.worth_rebuilding(rec_path, had):
+            if callable(rebuild):
+                rebuild(f"its rollups are {'stale' if rolled else 'missing'}: folding its "
+                        f"records (about {estimate:,}) into new ones, once")
             rebuilt = rb.rebuild_rollups(rec_path, slot_s)
             if rebuilt is not None and rebuilt.rolled.to > had:
                 rolled = rebuilt.rolled

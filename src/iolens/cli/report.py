@@ -99,7 +99,8 @@ def run(ns: argparse.Namespace) -> int:
     if os.path.isdir(ns.run) and not is_run(ns.run):
         return _run_multi(ns, build_multi)
     try:
-        data = load_run(ns.run, rebuild=True)
+        data = load_run(ns.run, rebuild=lambda what: print(
+            f"iolens report: {ns.run}: {what}", file=sys.stderr, flush=True))
     except IolensError as exc:
         print(f"iolens report: {exc}", file=sys.stderr)
         return 2

@@ -67,6 +67,14 @@ _ROLE_EXT = ("cpu_pct", "read_bytes_s")
 _CPU = ("user", "system", "iowait", "idle", "steal")
 
 
+def _ext_names(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    return tuple((f"{name}_min", f"{name}_max") for name in names)
+
+
+_DEV_EXT_NAMES, _ROLE_EXT_NAMES = _ext_names(_DEV_EXT), _ext_names(_ROLE_EXT)
+_GPU_EXT_NAMES = _ext_names(("util_pct",))
+
+
 class _Ext:
     """Running minimum and maximum of several figures."""
 
@@ -92,11 +100,13 @@ class _Ext:
         return [[None if math.isinf(x) else x for x in self.lo],
                 [None if math.isinf(x) else x for x in self.hi]]
 
-    def put(self, out: dict[str, Any], names: tuple[str, ...]) -> None:
-        for i, name in enumerate(names):
-            if self.hi[i] >= self.lo[i]:
-                out[name + "_min"] = self.lo[i]
-                out[name + "_max"] = self.hi[i]
+    def put(self, out: dict[str, Any], names: tuple[tuple[str, str], ...]) -> None:
+        """Each figure's ``<name>_min`` and ``<name>_max`` (``names``: _ext_names's) into
+        ``out``, where it has one."""
+        for lo, hi, (lo_name, hi_name) in zip(self.lo, self.hi, names, strict=True):
+            if hi >= lo:
+                out[lo_name] = lo
+                out[hi_name] = hi
 
 
 @dataclass
@@ -529,7 +539,7 @@ class Bucket:
             d["w_await"] = a[12] / w_ios if w_ios else 0.0
             d["rareq_sz"] = a[3] / a[2] if a[2] else 0.0
             d["wareq_sz"] = a[6] / a[5] if a[5] else 0.0
-            self.dev_ext[name].put(d, _DEV_EXT)
+            self.dev_ext[name].put(d, _DEV_EXT_NAMES)
             devices[name] = d
         rec: dict[str, Any] = {
             "schema": SCHEMA_VERSION, "merged": self.n, "seq": self.seq, "t": self.t,
@@ -552,7 +562,7 @@ class Bucket:
                 rd["pids"] = int(a[6])
                 rd["run_delay_pct"] = round(a[7] / rs, 2)
                 rd["cache_hit"] = _hit(rd)
-                self.role_ext[role].put(rd, _ROLE_EXT)
+                self.role_ext[role].put(rd, _ROLE_EXT_NAMES)
                 roles[role] = rd
             job["roles"] = roles
             rec["job"] = job
@@ -613,7 +623,7 @@ class Bucket:
                 g: dict[str, Any] = {"index": idx, "util_pct": round(a[1] / secs, 2),
                                      "mem_util_pct": round(a[2] / secs, 2),
                                      "mem_used_bytes": int(a[3]), "mem_total_bytes": int(a[4])}
-                self.gpu_ext[idx].put(g, ("util_pct",))
+                self.gpu_ext[idx].put(g, _GPU_EXT_NAMES)
                 gpus.append(g)
             rec["gpu"] = gpus
         return rec
@@ -684,20 +694,24 @@ def _rows(v: Any, n: int) -> dict[str, list[float]]:
 def _exts(v: Any, rows: dict[str, Any], n: int) -> dict[str, _Ext]:
     """The minima and maxima of each row of ``rows``: one pair for each, no other."""
     v = _obj(v)
-    if set(v) != set(rows):
+    if v.keys() != rows.keys():
         raise ValueError("extremes for other rows")
     out = {}
     for k, pair in v.items():
-        if not isinstance(pair, list) or len(pair) != 2:
+        if type(pair) is not list or len(pair) != 2:
             raise ValueError("not a pair")
-        e = out[k] = _Ext(n)
-        for side, inf in ((0, math.inf), (1, -math.inf)):
-            given = pair[side]
-            if type(given) is not list or len(given) != n or not _EXTREMES.issuperset(
-                    map(type, given)):
-                raise ValueError(f"not {n} extremes")
-            (e.lo if side == 0 else e.hi)[:] = [inf if x is None else x for x in given]
+        e = out[k] = _Ext.__new__(_Ext)
+        e.lo = _extremes(pair[0], n, math.inf)
+        e.hi = _extremes(pair[1], n, -math.inf)
     return out
+
+
+def _extremes(given: Any, n: int, none: float) -> list[float]:
+    """``given`` when it is a list of ``n`` numbers or None (no figure yet: ``none``)."""
+    if type(given) is not list or len(given) != n or not _EXTREMES.issuperset(
+            map(type, given)):
+        raise ValueError(f"not {n} extremes")
+    return [none if x is None else x for x in given] if None in given else given
 
 
 def loads() -> Any:
