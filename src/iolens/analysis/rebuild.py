@@ -21,12 +21,12 @@ from iolens.rundir.rollup import ROLLUP_LEVELS, Bucket, Rolled, Rollups, loads
 (NOTE [rollups] in iolens/rundir/rollup.py). A run without them (recorded by an iolens
 from before them, or by a recorder that appended to an existing records.jsonl), or whose
 rollups hold only its start (their writes failed), is read from its records on every
-report: 12 s for a week, where its rollups give it in about 2. So the report of a
+report: 13 s for a week, where its rollups give it in about 2. So the report of a
 finished long run whose rollups are missing or leave over a tenth of its records.jsonl
 (STALE) folds its records into the rollups of every slot length as the recorder would
-have, writes them, and reads its buckets from them: this report pays the rollups' fold,
-the next ones do not. Not where the rollups end at a line that is not a record: rebuilt,
-they would end there again.
+have, writes them, and reads its buckets from them: this report pays the rollups' fold
+(36-41 s for the week of bench/RESULTS.md, in 504 MiB), the next ones do not. Not where
+the rollups end at a line that is not a record: rebuilt, they would end there again.
 
 The records are read in parallel byte ranges, and each range begins and ends where every
 slot length's slot changes (a span of _ALIGN seconds: the first change after its nominal
