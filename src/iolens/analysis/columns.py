@@ -121,6 +121,11 @@ class StageColumns:
     def n(self) -> int:
         return len(self.secs)
 
+    def take(self, idx: Sequence[int]) -> StageColumns:
+        """The columns of the intervals ``idx`` only, in that order."""
+        return StageColumns(**{name: tuple(col[i] for i in idx)
+                               for name, col in vars(self).items()})
+
     @classmethod
     def of(cls, records: Sequence[dict[str, Any]]) -> StageColumns:
         cols: dict[str, list[Any]] = {name: [] for name in cls.__dataclass_fields__}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iolens._errors import IolensError
+from iolens.analysis.columns import StageColumns
 from iolens.analysis.longrun import (
     LONG_RUN_RECORDS,
     ShapeCheck,
@@ -40,6 +42,12 @@ class RunData:
     """The lines of each rollup file, where they were rebuilt from the records for the
     caller to write (``load_run(rebuild=True)``: NOTE [rollups rebuilt] in
     iolens/analysis/rebuild.py)."""
+
+    @functools.cached_property
+    def columns(self) -> StageColumns:
+        """The records' figures as columns, read once (NOTE [columns] in
+        iolens/analysis/columns.py)."""
+        return StageColumns.of(self.records)
 
 
 def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS,

@@ -26,7 +26,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from iolens.analysis.pipeline import pipeline, stage_series
+from iolens.analysis.pipeline import pipeline_over, stage_series
 from iolens.analysis.rundata import RunData
 from iolens.analysis.verdict import device_load, diagnose, rank_figures
 from iolens.rundir import records as trecords
@@ -43,7 +43,7 @@ def build_report(run: RunData) -> dict[str, Any]:
     """The full report of one run."""
     recs = run.records
     meta = run.meta
-    verdict = diagnose(recs, meta)
+    verdict = diagnose(recs, meta, columns=run.columns)
     vd = verdict.to_dict()
     notes = [*run.notes, *[n for n in meta.get("notes") or [] if isinstance(n, str)]]
     training = _training(run, notes)
@@ -58,7 +58,7 @@ def build_report(run: RunData) -> dict[str, Any]:
         "processes": _processes(recs, meta),
         "gpus": _gpus(recs, meta),
         "cpu": _cpu(recs),
-        "pipeline": _pipeline(recs, meta),
+        "pipeline": _pipeline(run, meta),
         "storage": [s for s in meta.get("storage") or [] if isinstance(s, dict)],
         "autotune": autotune(meta),
     }
@@ -102,12 +102,12 @@ def _float(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def _pipeline(recs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
-    pipe = pipeline(recs, meta)
+def _pipeline(run: RunData, meta: dict[str, Any]) -> dict[str, Any] | None:
+    pipe = pipeline_over(run.columns, range(len(run.records)), meta)
     if pipe is None:
         return None
     return {**pipe.to_dict(), "stages": [{k: round(v, 7) for k, v in row.items()}
-                                         for row in stage_series(recs)]}
+                                         for row in stage_series(run.records)]}
 
 
 def cache_blind(meta: dict[str, Any]) -> str | None:

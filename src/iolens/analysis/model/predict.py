@@ -116,11 +116,13 @@ class Model:
     """The model of one run, with resamples of it for the interval of its predictions."""
 
     def __init__(self, records: Sequence[dict[str, Any]], cpus: int | None,
-                 storage_sps: float | None = None) -> None:
+                 storage_sps: float | None = None, *,
+                 columns: StageColumns | None = None) -> None:
         self.records = list(records)
         self.cpus = cpus
-        self.columns = StageColumns.of(self.records)
-        """The records' figures, read once (NOTE [columns] in iolens/analysis/columns.py)."""
+        self.columns = columns if columns is not None else StageColumns.of(self.records)
+        """The records' figures, read once (NOTE [columns] in iolens/analysis/columns.py):
+        ``columns``, where the caller has them."""
         self.whole = figures(self.columns, cpus, storage_sps)
         self.unavailable: str | None = None
         """Why the model predicts nothing though it has figures (too few batches)."""
@@ -158,7 +160,7 @@ class Model:
         whole = self.whole
         if whole is None or dataclasses.replace(whole, storage_sps=storage_sps) != figures(
                 self.columns, self.cpus, storage_sps):
-            return Model(self.records, self.cpus, storage_sps)
+            return Model(self.records, self.cpus, storage_sps, columns=self.columns)
         out = copy.copy(self)
         out.whole = dataclasses.replace(whole, storage_sps=storage_sps)
         out.draws = [dataclasses.replace(d, storage_sps=storage_sps) for d in self.draws]

@@ -12,6 +12,7 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
+from iolens.analysis.columns import StageColumns
 from iolens.analysis.model import Model
 from iolens.analysis.verdict.figures import (
     end_of,
@@ -42,11 +43,18 @@ from iolens.core.words import plural
 from iolens.training import overrides
 
 
-def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = None) -> Verdict:
-    """The verdict over a run's records (in order). ``meta`` adds the CPU count and notes."""
+def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = None, *,
+             columns: StageColumns | None = None) -> Verdict:
+    """The verdict over a run's records (in order). ``meta`` adds the CPU count and notes;
+    ``columns``: the records' columns where the caller has read them (NOTE [columns] in
+    iolens/analysis/columns.py)."""
     meta = meta or {}
+    whole = records
     records, tuned = _tuned_part(records, meta)
-    timed = [r for r in records if is_timed(r)]
+    timed_at = [i for i, r in enumerate(records) if is_timed(r)]
+    timed = [records[i] for i in timed_at]
+    if columns is not None and records is not whole:  # (theirs are the whole run's)
+        columns = None
     batches = int(sum(num(train(r), "batches") for r in timed))
     figures = _figures(records, timed, meta)
     blind = no_disk_stats(records, meta)
@@ -63,7 +71,8 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     if isinstance(meta.get("run_dir"), str):
         v.run_dir = shlex.quote(meta["run_dir"])
     v.loaders = [d for d in meta.get("loaders") or [] if isinstance(d, dict)]
-    model = Model(timed, int(meta.get("cpus") or 0) or None)
+    model = Model(timed, int(meta.get("cpus") or 0) or None,
+                  columns=columns.take(timed_at) if columns is not None else None)
     v.model = model if model.whole is not None else None
     stall = write_stall(records, timed, share)
     if stall is not None:
