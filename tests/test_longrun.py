@@ -531,3 +531,23 @@ def test_iolens_report_writes_the_rollups_a_finished_long_run_lacks(tmp_path: Pa
     assert first == kept
     second, said = report()
     assert second == first and "rollups" not in said, said
+
+
+def test_a_rebuild_that_fails_leaves_the_report_read_from_the_records(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from iolens.analysis import rebuild
+
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 60)
+    run = recorded(tmp_path / "run", varied_run(2000))
+    plain = load_run(str(without_rollups(run, tmp_path / "plain")), max_records=500)
+
+    def broken(*_: Any) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(rebuild, "rebuild_rollups", broken)
+    got = load_run(str(ended(without_rollups(run, tmp_path / "bare"))), max_records=500,
+                   rebuild=True)
+    assert got.rollups is None
+    assert got.notes[-1].startswith("its rollups could not be rebuilt ("), got.notes
+    got.notes.pop()
+    same_run(got, plain)

@@ -153,6 +153,7 @@ def _load_long(path: str, rec_path: str, meta: dict[str, Any], notes: list[str],
     slot_s = rollup_slot(bucket_s)
     rolled = read_rollups(path, rec_path, slot_s) if slot_s else None
     rebuilt = None
+    failed = None
     if rebuild and slot_s and meta.get("end"):
         from iolens.analysis import rebuild as rb  # noqa: PLC0415 - rarely needed
 
@@ -161,7 +162,11 @@ def _load_long(path: str, rec_path: str, meta: dict[str, Any], notes: list[str],
             if callable(rebuild):
                 rebuild(f"its rollups are {'stale' if rolled else 'missing'}: folding its "
                         f"records (about {estimate:,}) into new ones, once")
-            rebuilt = rb.rebuild_rollups(rec_path, slot_s)
+            try:
+                rebuilt = rb.rebuild_rollups(rec_path, slot_s)
+            except (OSError, RuntimeError, ValueError) as exc:  # (a pool that broke)
+                failed = (f"its rollups could not be rebuilt ({_short(exc)}): read from "
+                          f"{RECORDS}")
             if rebuilt is not None and rebuilt.rolled.to > had:
                 rolled = rebuilt.rolled
             else:  # (a line the recorder folded that is not a record: no further)
@@ -173,6 +178,8 @@ def _load_long(path: str, rec_path: str, meta: dict[str, Any], notes: list[str],
         raise _nothing_usable(path, note, notes)
     notes.append(f"a long run: its {folded.lines} intervals are read as {len(records)} "
                  f"buckets of {bucket_s:g} s (each bucket's p50 and p95 approximate)")
+    if failed:
+        notes.append(failed)
     if note:
         notes.append(note)
     if folded.newer:
