@@ -531,6 +531,8 @@ def test_iolens_report_writes_the_rollups_a_finished_long_run_lacks(tmp_path: Pa
     assert first == kept
     second, said = report()
     assert second == first and "rollups" not in said, said
+    run_info = json.loads(second)["run"]
+    assert run_info["intervals"] == 60_000 and run_info["buckets"] * run_info["bucket_s"] >= 60_000
 
 
 def test_a_rebuild_that_fails_leaves_the_report_read_from_the_records(

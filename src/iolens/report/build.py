@@ -129,6 +129,10 @@ def _run_info(run: RunData) -> dict[str, Any]:
     info: dict[str, Any] = {"path": os.path.abspath(run.path)}
     info.update({k: m.get(k) for k in keys})
     info["intervals"] = len(run.records)
+    if run.bucket_s is not None:  # a long run: its buckets each fold ``merged`` intervals
+        info["intervals"] = sum(n for r in run.records
+                                if isinstance(n := r.get("merged"), int) and n > 0)
+        info["buckets"], info["bucket_s"] = len(run.records), run.bucket_s
     if info["duration_s"] is None and run.records:
         info["duration_s"] = run.records[-1].get("elapsed_s")
     return info

@@ -322,6 +322,8 @@ def render(report: dict[str, Any]) -> RenderableType:
         f"host {run.get('host') or '-'}, started {run.get('start') or '-'}, "
         f"{_f(run.get('duration_s'))} s, {run.get('intervals')} intervals of "
         f"{_f(run.get('interval_s'), 'g')} s"
+        + (f" (read as {run['buckets']} buckets of {_f(run.get('bucket_s'), 'g')} s)"
+           if run.get("buckets") else "")
         + (f", exit code {run['exit_code']}" if run.get("exit_code") is not None else "")))
     if isinstance(run.get("set"), dict) and run["set"]:
         lines.append(Text("DataLoader settings given (--set): "
