@@ -553,3 +553,43 @@ def test_a_rebuild_that_fails_leaves_the_report_read_from_the_records(
     assert got.notes[-1].startswith("its rollups could not be rebuilt ("), got.notes
     got.notes.pop()
     same_run(got, plain)
+
+
+def test_rollups_rebuilt_from_damaged_records_read_as_the_records_do(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines torn, blank, written twice, not JSON or with a bad figure, anywhere: the run
+    read through the rollups rebuilt (up to the first) and the records after them is the
+    run read from its records, notes and all. (A line written twice right after the
+    rollups' end was folded twice: the records after them did not know its first.)"""
+    import random
+
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 60)
+    base = [json.dumps(r) + "\n" for r in varied_run(2000)]
+    rng = random.Random(3)
+    for trial in range(12):
+        lines = list(base)
+        for _ in range(rng.randint(1, 3)):
+            k = rng.randrange(len(lines))
+            kind = rng.choice(["torn", "blank", "twice", "not JSON", "bad figure"])
+            if kind == "torn":
+                lines[k] = lines[k][: len(lines[k]) // 2] + "\n"
+            elif kind == "blank":
+                lines.insert(k, "\n")
+            elif kind == "twice":
+                lines.insert(k, lines[k])
+            elif kind == "not JSON":
+                lines.insert(k, "hello world\n")
+            else:
+                r = json.loads(lines[k])
+                r["devices"]["vda"]["util"] = -1.0
+                lines[k] = json.dumps(r) + "\n"
+        if rng.random() < 0.3:
+            lines[-1] = lines[-1].rstrip("\n")
+        runs = []
+        for name in ("ended", "recording"):
+            d = write(tmp_path / f"{trial}-{name}", [])
+            (d / "records.jsonl").write_text("".join(lines))
+            runs.append(ended(d) if name == "ended" else d)
+        got = load_run(str(runs[0]), max_records=500, rebuild=True)
+        assert got.rollups is not None, trial
+        same_run(got, load_run(str(runs[1]), max_records=500))

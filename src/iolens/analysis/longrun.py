@@ -312,6 +312,8 @@ def _fold_range(path: str, start: int, stop: int, bucket_s: float) -> ChunkResul
             fh.seek(start - 1)
             fh.readline()  # the line under way at ``start`` belongs to the range before
         pos = fh.tell()
+        if pos:  # a line written twice across the range's first byte is seen as such
+            _seen_before(fh, pos, parse, seen)
         while pos < stop:
             where = f"byte {pos}"  # line numbers are not known inside a byte range
             line = fh.readline()
@@ -342,6 +344,28 @@ def _fold_range(path: str, start: int, stop: int, bucket_s: float) -> ChunkResul
                 b = buckets[idx] = Bucket()
             b.add(rec)
     return out
+
+
+def _seen_before(fh: Any, pos: int, parse: Any, seen: set[tuple[int, float]]) -> None:
+    """Add the interval of the line that ends at byte ``pos`` of ``fh`` to ``seen`` (where
+    it is one), and leave ``fh`` at ``pos``."""
+    begin = max(0, pos - _LINE_MAX)
+    fh.seek(begin)
+    data = fh.read(pos - begin)
+    cut = data.rfind(b"\n", 0, len(data) - 1)
+    if cut >= 0 or begin == 0:
+        try:
+            rec = parse(data[cut + 1:])
+            if isinstance(rec, dict):
+                is_duplicate(rec, seen)
+        except (ValueError, TypeError):
+            pass
+    fh.seek(pos)
+
+
+_LINE_MAX = 1 << 20
+"""The longest line looked back at for a duplicate across a range's start (a record is a
+few KiB)."""
 
 
 def is_duplicate(rec: dict[str, Any], seen: set[tuple[int, float]]) -> bool:
