@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -444,6 +443,8 @@ def fold_records(path: str, bucket_s: float, jobs: int | None = None, *,
     if jobs == 1:
         parts = [_fold_range(path, start, size, bucket_s)]
     else:
+        from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415 - a short run's report needs none
+
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             parts = list(pool.map(_fold_range, [path] * jobs, bounds[:-1], bounds[1:],
                                   [bucket_s] * jobs))

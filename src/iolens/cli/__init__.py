@@ -7,34 +7,23 @@ says why), 2 usage error (bad argument, unknown device), 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
 from iolens._version import __version__
-from iolens.cli import compare as compare_cmd
-from iolens.cli import doctor as doctor_cmd
-from iolens.cli import exporter as exporter_cmd
-from iolens.cli import iostat as iostat_cmd
-from iolens.cli import pack as pack_cmd
-from iolens.cli import probe as probe_cmd
-from iolens.cli import report as report_cmd
-from iolens.cli import run as run_cmd
-from iolens.cli import top as top_cmd
-from iolens.cli import tune as tune_cmd
 
-_COMMANDS: dict[str, tuple[Callable[[], argparse.ArgumentParser],
-                           Callable[[argparse.Namespace], int]]] = {
-    "iostat": (iostat_cmd.build_parser, iostat_cmd.run),
-    "run": (run_cmd.build_parser, run_cmd.run),
-    "report": (report_cmd.build_parser, report_cmd.run),
-    "compare": (compare_cmd.build_parser, compare_cmd.run),
-    "top": (top_cmd.build_parser, top_cmd.run),
-    "doctor": (doctor_cmd.build_parser, doctor_cmd.run),
-    "pack": (pack_cmd.build_parser, pack_cmd.run),
-    "tune": (tune_cmd.build_parser, tune_cmd.run),
-    "probe": (probe_cmd.build_parser, probe_cmd.run),
-    "exporter": (exporter_cmd.build_parser, exporter_cmd.run),
-}
+_COMMANDS = ("iostat", "run", "report", "compare", "top", "doctor", "pack", "tune", "probe",
+             "exporter")
+"""Each is the module iolens.cli.<name>, with build_parser() and run(ns); only the one asked
+for is imported, so that a command pays for none of the others' imports."""
+
+
+def _command(name: str) -> tuple[Callable[[], argparse.ArgumentParser],
+                                 Callable[[argparse.Namespace], int]]:
+    module = importlib.import_module(f"iolens.cli.{name}")
+    return module.build_parser, module.run
+
 
 _DESCRIPTION = """\
 Find out why a training job waits for its data.
@@ -80,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         top.parse_args(args)  # --help and --version exit here
         top.print_help()
         return 2
-    build, run = _COMMANDS[args[0]]
+    build, run = _command(args[0])
     parser = build()
     # `run` passes the job's own arguments through untouched, so no intermixing there.
     parse = parser.parse_args if args[0] == "run" else parser.parse_intermixed_args
