@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from iolens._errors import IolensError
+from iolens.cli._batch import no_cycle_collection
 
 _EPILOG = """\
 What is compared (BASE and NEW, the change, and its 95% confidence interval):
@@ -106,8 +107,9 @@ def run(ns: argparse.Namespace) -> int:
             print(f"iolens compare: --fail-on: {exc}", file=sys.stderr)
             return 2
     try:
-        new = load_run(ns.new)
-        cmp = compare.compare_runs(load_run(ns.base), new)
+        with no_cycle_collection():  # NOTE [no cycle collection] in iolens/cli/_batch.py
+            new = load_run(ns.new)
+            cmp = compare.compare_runs(load_run(ns.base), new)
     except IolensError as exc:
         print(f"iolens compare: {exc}", file=sys.stderr)
         return 2

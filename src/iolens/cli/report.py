@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from iolens._errors import IolensError
+from iolens.cli._batch import no_cycle_collection
 from iolens.rundir import write_atomic
 
 _EPILOG = """\
@@ -82,9 +83,6 @@ def _write_atomic(path: str, data: str, *, streams: bool = True) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     """Build and write the report; returns the exit code."""
-    from iolens.analysis.rundata import load_run  # noqa: PLC0415 - keep `iolens --help` fast
-    from iolens.report.build import build_report  # noqa: PLC0415
-
     plotlyjs = None
     if ns.format == "html":
         from iolens.report.html import plotly_js  # noqa: PLC0415
@@ -96,8 +94,17 @@ def run(ns: argparse.Namespace) -> int:
             return 1
     from iolens.report.multi import build_multi, is_run  # noqa: PLC0415
 
-    if os.path.isdir(ns.run) and not is_run(ns.run):
-        return _run_multi(ns, build_multi)
+    with no_cycle_collection():  # NOTE [no cycle collection] in iolens/cli/_batch.py
+        if os.path.isdir(ns.run) and not is_run(ns.run):
+            return _run_multi(ns, build_multi)
+        return _report(ns, plotlyjs)
+
+
+def _report(ns: argparse.Namespace, plotlyjs: str | None) -> int:
+    """The report of one run directory."""
+    from iolens.analysis.rundata import load_run  # noqa: PLC0415 - keep `iolens --help` fast
+    from iolens.report.build import build_report  # noqa: PLC0415
+
     try:
         data = load_run(ns.run, rebuild=lambda what: print(
             f"iolens report: {ns.run}: {what}", file=sys.stderr, flush=True))
