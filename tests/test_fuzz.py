@@ -1014,7 +1014,7 @@ def test_every_record_the_recorder_writes_reads_back(tmp_path: Path) -> None:
     /proc/<pid>/io could not be read (the recorder writes ``io_readable: false``
     then): none may be dropped by the reader, on the plain or the long-run path.
     """
-    from iolens.analysis.longrun import record_problem
+    from iolens.analysis.recordshape import record_problem
     from iolens.recorder.sampler import Recorder, RoleTotals
     from iolens.rundir import RunDir
 
@@ -1046,7 +1046,7 @@ def test_the_shape_fast_path_agrees_with_the_whole_check() -> None:
     a figure's name with digits added standing in for it) still get the whole check's
     answer, and valid variants pass.
     """
-    from iolens.analysis.longrun import ShapeCheck, record_problem
+    from iolens.analysis.recordshape import ShapeCheck, record_problem
 
     good: dict[str, Any] = {
         "time": "2026-12-01T01:00:00.000+00:00", "t": 1.5, "elapsed_s": 1.0,

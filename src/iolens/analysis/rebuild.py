@@ -13,7 +13,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from iolens.analysis.longrun import ShapeCheck, is_duplicate
+from iolens.analysis.longrun import is_duplicate
+from iolens.analysis.recordshape import ShapeCheck
 from iolens.rundir import SCHEMA_VERSION
 from iolens.rundir.rollup import ROLLUP_LEVELS, Bucket, Rolled, Rollups, loads
 

@@ -14,8 +14,6 @@ from iolens._errors import IolensError
 from iolens.analysis.columns import StageColumns
 from iolens.analysis.longrun import (
     LONG_RUN_RECORDS,
-    ShapeCheck,
-    Skipped,
     bucket_records,
     bucket_seconds,
     estimate_records,
@@ -23,6 +21,7 @@ from iolens.analysis.longrun import (
     is_duplicate,
     rollup_slot,
 )
+from iolens.analysis.recordshape import ShapeCheck, Skipped
 from iolens.rundir import META, RECORDS, SCHEMA_VERSION, STORAGE_PROBE
 from iolens.rundir.rollup import read_rollups
 
