@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from iolens.analysis import model as pm
-from iolens.analysis.columns import StageColumns
+from iolens.analysis.columns import DeviceColumns, StageColumns
 from iolens.analysis.model import Figures, Model, rate
 from iolens.analysis.rundata import load_run
-from iolens.analysis.verdict.figures import timed_records
+from iolens.analysis.verdict.figures import device_load, device_names, timed_records
 
 BASE = Figures(steps_per_s=10.0, compute_s=0.020, handover_s=0.001, batch=16, workers=1,
                fetch_s=0.005, fetch_cpu_s=0.0002, collate_s=0.001, epoch_start_s=0.0,
@@ -561,6 +561,25 @@ def test_figures_over_picked_columns_are_those_of_the_picked_records(name: str) 
         got = pm.figures(cols, cpus, None, 2, picks)
         assert got == pm.figures([records[i] for i in picks], cpus, None, 2)
         assert got is not None
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()))
+def test_device_columns_give_the_loads_of_the_records(name: str) -> None:
+    """The report's device table reads each device's columns, read once; a device's load
+    over them is its load over the records, read one by one, to the last bit."""
+    records = load_run(str(FIXTURES / name)).records
+    devices = DeviceColumns.of(records)
+    assert list(devices) == device_names(records)
+    assert devices, "a recorded run with no device"
+    for dev, cols in devices.items():
+        assert cols.load() == device_load(records, dev)
+        assert cols.util == tuple(float(r["devices"][dev]["util"]) for r in records
+                                  if dev in r["devices"])
+    # (a device an interval lacks is not in that interval's entries)
+    gone = [dict(r, devices={}) if i % 2 else r for i, r in enumerate(records)]
+    for dev, cols in DeviceColumns.of(gone).items():
+        assert cols.at and all(i % 2 == 0 for i in cols.at)
+        assert cols.load() == device_load(gone, dev)
 
 
 @pytest.mark.parametrize("name", ["jpeg-six-workers-two-cores", "request-capped-disk"])

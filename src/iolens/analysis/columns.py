@@ -179,3 +179,102 @@ class StageColumns:
                     ("net_bytes", network_bytes(rec) if isinstance(rec, dict) else 0.0)):
                 cols[name].append(value)
         return cls(**{k: tuple(v) for k, v in cols.items()})
+
+
+@dataclass
+class DeviceLoad:
+    """One device over a set of intervals, time-weighted as iostat would over the whole span."""
+
+    name: str
+    secs: float = 0.0
+    util: float = 0.0
+    r_s: float = 0.0
+    w_s: float = 0.0
+    rkB_s: float = 0.0
+    wkB_s: float = 0.0
+    r_await: float = 0.0
+    w_await: float = 0.0
+    aqu_sz: float = 0.0
+
+    @property
+    def rareq_kib(self) -> float:
+        return self.rkB_s / self.r_s if self.r_s else 0.0
+
+    @property
+    def rMB_s(self) -> float:
+        return self.rkB_s / 1024
+
+    @property
+    def wMB_s(self) -> float:
+        return self.wkB_s / 1024
+
+
+@dataclass(frozen=True)
+class DeviceColumns:
+    """One device's figures of each interval that has them, by column: seconds, the
+    figures times seconds (I/O counts), and the awaits times their I/O counts (each as
+    the records hold it, finite and non-negative, else 0), with the index of each
+    interval among the run's."""
+
+    name: str
+    at: tuple[int, ...]
+    secs: tuple[float, ...]
+    util: tuple[float, ...]
+    """%util as recorded (the others below are over the interval's seconds)."""
+    util_s: tuple[float, ...]
+    rkb: tuple[float, ...]
+    wkb: tuple[float, ...]
+    aqu_s: tuple[float, ...]
+    r_ios: tuple[float, ...]
+    w_ios: tuple[float, ...]
+    r_wait: tuple[float, ...]
+    w_wait: tuple[float, ...]
+
+    @classmethod
+    def of(cls, records: Sequence[dict[str, Any]]) -> dict[str, DeviceColumns]:
+        """Each device's columns, in the order the records name them."""
+        cols: dict[str, dict[str, list[Any]]] = {}
+        for i, rec in enumerate(records):
+            devs = rec.get("devices") if isinstance(rec, dict) else None
+            if not isinstance(devs, dict) or not devs:
+                continue
+            s = amount(rec, "interval_s")
+            for name, d in devs.items():
+                if not isinstance(d, dict):
+                    continue
+                c = cols.get(name)
+                if c is None:
+                    c = cols[name] = {f: [] for f in cls.__dataclass_fields__ if f != "name"}
+                ri, wi = amount(d, "r_s") * s, amount(d, "w_s") * s
+                util = amount(d, "util")
+                for f, v in (("at", i), ("secs", s), ("util", util), ("util_s", util * s),
+                             ("rkb", amount(d, "rkB_s") * s), ("wkb", amount(d, "wkB_s") * s),
+                             ("aqu_s", amount(d, "aqu_sz") * s), ("r_ios", ri), ("w_ios", wi),
+                             ("r_wait", amount(d, "r_await") * ri),
+                             ("w_wait", amount(d, "w_await") * wi)):
+                    c[f].append(v)
+        return {name: cls(name, **{f: tuple(v) for f, v in c.items()})
+                for name, c in cols.items()}
+
+    def load(self) -> DeviceLoad:
+        """The device over all its intervals (as :func:`iolens.analysis.verdict.figures.
+        device_load` over the records: the same sums, in the same order)."""
+        out = DeviceLoad(self.name)
+        out.secs = secs = _total(self.secs)
+        if secs > 0:
+            r_ios, w_ios = _total(self.r_ios), _total(self.w_ios)
+            out.util, out.rkB_s = _total(self.util_s) / secs, _total(self.rkb) / secs
+            out.wkB_s, out.aqu_sz = _total(self.wkb) / secs, _total(self.aqu_s) / secs
+            out.r_s, out.w_s = r_ios / secs, w_ios / secs
+            out.r_await = _total(self.r_wait) / r_ios if r_ios else 0.0
+            out.w_await = _total(self.w_wait) / w_ios if w_ios else 0.0
+        return out
+
+
+def _total(col: Sequence[float]) -> float:
+    """The entries added one after another from 0.0, as a loop over the records adds them
+    (sum() may add floats otherwise on a later Python)."""
+    t = 0.0
+    for x in col:
+        t += x
+    return t

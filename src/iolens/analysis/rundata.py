@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iolens._errors import IolensError
-from iolens.analysis.columns import StageColumns
+from iolens.analysis.columns import DeviceColumns, StageColumns
 from iolens.analysis.longrun import (
     LONG_RUN_RECORDS,
     bucket_records,
@@ -47,6 +47,12 @@ class RunData:
         """The records' figures as columns, read once (NOTE [columns] in
         iolens/analysis/columns.py)."""
         return StageColumns.of(self.records)
+
+    @functools.cached_property
+    def devices(self) -> dict[str, DeviceColumns]:
+        """Each device's figures as columns, read once, in the order the records name the
+        devices."""
+        return DeviceColumns.of(self.records)
 
 
 def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS,

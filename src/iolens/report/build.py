@@ -26,9 +26,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from iolens.analysis.columns import DeviceColumns
 from iolens.analysis.pipeline import pipeline_over, stage_series
 from iolens.analysis.rundata import RunData
-from iolens.analysis.verdict import device_load, diagnose, rank_figures
+from iolens.analysis.verdict import diagnose, rank_figures
 from iolens.rundir import records as trecords
 from iolens.rundir.timing import TimingReader, TrainingAggregator
 from iolens.training.autotune import settings_text
@@ -54,7 +55,7 @@ def build_report(run: RunData) -> dict[str, Any]:
         "verdict": vd,
         "findings": [f.to_dict() for f in verdict.findings],
         "training": training,
-        "devices": _devices(recs, meta),
+        "devices": _devices(run.devices, meta),
         "processes": _processes(recs, meta),
         "gpus": _gpus(recs, meta),
         "cpu": _cpu(recs),
@@ -252,17 +253,12 @@ def _unmoved_spare(run: RunData) -> str | None:
     return spare
 
 
-def _devices(recs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+def _devices(devices: dict[str, DeviceColumns], meta: dict[str, Any]) -> dict[str, Any]:
     why = meta.get("devices") if isinstance(meta.get("devices"), dict) else {}
-    names: dict[str, None] = {}
-    for r in recs:
-        for n in r.get("devices") or {}:
-            names.setdefault(n, None)
     out: dict[str, Any] = {}
-    for name in names:
-        load = device_load(recs, name)
-        utils = [float(d.get("util") or 0) for r in recs
-                 if isinstance(d := (r.get("devices") or {}).get(name), dict)]
+    for name, cols in devices.items():
+        load = cols.load()
+        utils = cols.util
         out[name] = {
             "why": why.get(name) if isinstance(why, dict) else None,
             "seconds": _r(load.secs),

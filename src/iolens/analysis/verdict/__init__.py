@@ -38,8 +38,9 @@ Its modules, each imports only those below it:
 
 from __future__ import annotations
 
+from iolens.analysis.columns import DeviceLoad
 from iolens.analysis.verdict.classify import diagnose, how_to_try, served_storage
-from iolens.analysis.verdict.figures import DeviceLoad, device_load, timed_records
+from iolens.analysis.verdict.figures import device_load, timed_records
 from iolens.analysis.verdict.ranks import rank_figures, straggler
 from iolens.analysis.verdict.remote import net_scaling
 from iolens.analysis.verdict.result import (

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from iolens.analysis import rules
+from iolens.analysis.columns import DeviceLoad
 from iolens.analysis.pipeline import Pipeline
 from iolens.analysis.verdict.result import Window
 
@@ -37,33 +37,6 @@ def num(d: Any, key: str) -> float:
         return float(v) if v is not None else 0.0
     except (TypeError, ValueError):
         return 0.0
-
-@dataclass
-class DeviceLoad:
-    """One device over a set of intervals, time-weighted as iostat would over the whole span."""
-
-    name: str
-    secs: float = 0.0
-    util: float = 0.0
-    r_s: float = 0.0
-    w_s: float = 0.0
-    rkB_s: float = 0.0
-    wkB_s: float = 0.0
-    r_await: float = 0.0
-    w_await: float = 0.0
-    aqu_sz: float = 0.0
-
-    @property
-    def rareq_kib(self) -> float:
-        return self.rkB_s / self.r_s if self.r_s else 0.0
-
-    @property
-    def rMB_s(self) -> float:
-        return self.rkB_s / 1024
-
-    @property
-    def wMB_s(self) -> float:
-        return self.wkB_s / 1024
 
 def device_load(recs: Iterable[dict[str, Any]], name: str) -> DeviceLoad:
     """Averages of one device's figures over ``recs``; awaits weighted by I/O counts."""

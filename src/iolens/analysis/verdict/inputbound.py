@@ -9,9 +9,9 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
+from iolens.analysis.columns import DeviceLoad
 from iolens.analysis.pipeline import pipeline
 from iolens.analysis.verdict.figures import (
-    DeviceLoad,
     bursty,
     busiest_read,
     ceiling_text,

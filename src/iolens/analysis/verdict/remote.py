@@ -10,9 +10,9 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
+from iolens.analysis.columns import DeviceLoad
 from iolens.analysis.pipeline import Pipeline
 from iolens.analysis.verdict.figures import (
-    DeviceLoad,
     device_load,
     fuse_waiting,
     num,

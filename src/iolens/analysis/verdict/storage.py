@@ -9,8 +9,9 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
+from iolens.analysis.columns import DeviceLoad
 from iolens.analysis.pipeline import Pipeline
-from iolens.analysis.verdict.figures import DeviceLoad, device_load, num, secs_of, train
+from iolens.analysis.verdict.figures import device_load, num, secs_of, train
 from iolens.analysis.verdict.result import Recommendation, Verdict
 
 
