@@ -12,7 +12,7 @@ again (:func:`iolens.analysis.pipeline.pipeline_over`,
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +69,9 @@ class StageColumns:
     batches: tuple[float, ...]
     step_s: tuple[float, ...]
     wait_s: tuple[float, ...]
+    step_p50_s: tuple[float, ...]
+    """The interval's median step and data wait."""
+    wait_p50_s: tuple[float, ...]
     epochs: tuple[float, ...]
     """Epochs started in the interval."""
     num_workers: tuple[float, ...]
@@ -143,6 +146,8 @@ class StageColumns:
                     ("secs", s), ("batches", amount(t, "batches")),
                     ("step_s", amount(t.get("step"), "sum_s")),
                     ("wait_s", amount(t.get("data_wait"), "sum_s")),
+                    ("step_p50_s", amount(t.get("step"), "p50_s")),
+                    ("wait_p50_s", amount(t.get("data_wait"), "p50_s")),
                     ("epochs", amount(t, "epochs_started")),
                     ("num_workers", amount(t, "num_workers")),
                     ("start_count", amount(sw, "count")),
@@ -260,20 +265,21 @@ class DeviceColumns:
         """The device over all its intervals (as :func:`iolens.analysis.verdict.figures.
         device_load` over the records: the same sums, in the same order)."""
         out = DeviceLoad(self.name)
-        out.secs = secs = _total(self.secs)
+        out.secs = secs = added(self.secs)
         if secs > 0:
-            r_ios, w_ios = _total(self.r_ios), _total(self.w_ios)
-            out.util, out.rkB_s = _total(self.util_s) / secs, _total(self.rkb) / secs
-            out.wkB_s, out.aqu_sz = _total(self.wkb) / secs, _total(self.aqu_s) / secs
+            r_ios, w_ios = added(self.r_ios), added(self.w_ios)
+            out.util, out.rkB_s = added(self.util_s) / secs, added(self.rkb) / secs
+            out.wkB_s, out.aqu_sz = added(self.wkb) / secs, added(self.aqu_s) / secs
             out.r_s, out.w_s = r_ios / secs, w_ios / secs
-            out.r_await = _total(self.r_wait) / r_ios if r_ios else 0.0
-            out.w_await = _total(self.w_wait) / w_ios if w_ios else 0.0
+            out.r_await = added(self.r_wait) / r_ios if r_ios else 0.0
+            out.w_await = added(self.w_wait) / w_ios if w_ios else 0.0
         return out
 
 
-def _total(col: Sequence[float]) -> float:
+def added(col: Iterable[float]) -> float:
     """The entries added one after another from 0.0, as a loop over the records adds them
-    (sum() may add floats otherwise on a later Python)."""
+    (``x += ...``): sum() adds floats otherwise from Python 3.12, and a figure read from
+    the columns is the one read from the records to the last bit (NOTE [columns])."""
     t = 0.0
     for x in col:
         t += x

@@ -91,6 +91,9 @@ its predictions missed in the lab cases (MODEL_ERROR, or this run's own misfit i
 added to each side in quadrature. The basis says both."""
 
 
+_UNREAD = frozenset(("devices", "gpu"))
+
+
 def _folded_blocks(records: Sequence[dict[str, Any]],
                    columns: StageColumns) -> list[dict[str, Any]]:
     """The run's intervals (less its first and last) in contiguous blocks, each folded into
@@ -103,8 +106,8 @@ def _folded_blocks(records: Sequence[dict[str, Any]],
     for a, z in resample.block_bounds(n, MAX_BLOCKS):
         b = Bucket()
         for r in pool[a:z]:
-            try:
-                b.add(r)
+            try:  # (the model reads no device or GPU figure: a third of the fold, left out)
+                b.add({k: v for k, v in r.items() if k not in _UNREAD})
             except (TypeError, ValueError, AttributeError):
                 continue  # (a damaged record: the whole run's figures left it out too)
         if b.n:

@@ -12,7 +12,7 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import StageColumns
+from iolens.analysis.columns import StageColumns, added
 from iolens.analysis.model import Model
 from iolens.analysis.verdict.figures import (
     end_of,
@@ -21,7 +21,6 @@ from iolens.analysis.verdict.figures import (
     part_sum,
     secs_of,
     train,
-    wait_share,
     window_of,
 )
 from iolens.analysis.verdict.findings import all_findings, hang_finding, no_disk_stats
@@ -53,10 +52,11 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     records, tuned = _tuned_part(records, meta)
     timed_at = [i for i, r in enumerate(records) if is_timed(r)]
     timed = [records[i] for i in timed_at]
-    if columns is not None and records is not whole:  # (theirs are the whole run's)
-        columns = None
-    batches = int(sum(num(train(r), "batches") for r in timed))
-    figures = _figures(records, timed, meta)
+    if columns is None or records is not whole:  # (the caller's are the whole run's)
+        columns = StageColumns.of(records)
+    steps = columns.take(timed_at)
+    batches = int(sum(steps.batches))
+    figures = _figures(columns, steps, meta)
     blind = no_disk_stats(records, meta)
     findings = [blind] if blind is not None else []
     storage = served_storage(meta)
@@ -64,32 +64,32 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
         v = _no_steps(records, meta, figures, findings)
         v.storage = storage
         return v
-    share = wait_share(timed) or 0.0
+    step_s = added(steps.step_s)
+    share = added(steps.wait_s) / step_s if step_s > 0 else 0.0  # (wait_share(timed))
     v = Verdict("compute-bound", severity(share), share, figures=figures,
                 caveat=blind.evidence[0] if blind is not None else None, storage=storage)
     v.probe = probe_for(meta, storage)
     if isinstance(meta.get("run_dir"), str):
         v.run_dir = shlex.quote(meta["run_dir"])
     v.loaders = [d for d in meta.get("loaders") or [] if isinstance(d, dict)]
-    model = Model(timed, int(meta.get("cpus") or 0) or None,
-                  columns=columns.take(timed_at) if columns is not None else None)
+    model = Model(timed, int(meta.get("cpus") or 0) or None, columns=steps)
     v.model = model if model.whole is not None else None
     stall = write_stall(records, timed, share)
     if stall is not None:
         v.cls, v.devices, v.evidence, v.recommendations, v.windows = stall
     elif share < rules.MODERATE:
         _compute_bound(v, timed)
-        epoch_starts_first(v, timed)
+        epoch_starts_first(v, steps)
     else:
         input_bound(v, timed, meta)
-        epoch_starts_first(v, timed)
+        epoch_starts_first(v, steps)
         nothing_to_gain(v)
     if batches < rules.MIN_BATCHES:
         v.evidence.append(f"only {plural(batches, 'batch', 'batches')} timed: a longer run "
                           "gives a firmer verdict")
-    v.findings = findings + all_findings(records, timed, v)
+    v.findings = findings + all_findings(records, timed, steps, v)
     hang = next((f for f in v.findings if f.cls == "hang"), None)
-    step_s = sum(part_sum(r, "step") for r in timed)
+    step_s = sum(steps.step_s)
     if hang is not None and num(train(records[-1]), "waiting_s") > step_s:
         # It hung for longer than it trained: that is what the run says, first.
         v.cls, v.severity = HUNG, "high"
@@ -203,22 +203,20 @@ def served_storage(meta: dict[str, Any]) -> list[dict[str, Any]]:
                     out[-1][key] = s[key]
     return out
 
-def _figures(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]],
-             meta: dict[str, Any]) -> dict[str, Any]:
-    batches = int(sum(num(train(r), "batches") for r in timed))
-    step_s = sum(part_sum(r, "step") for r in timed)
-    wait_s = sum(part_sum(r, "data_wait") for r in timed)
-    p50s = [num(train(r).get("step") or {}, "p50_s") for r in timed]
-    waits = [num(train(r).get("data_wait") or {}, "p50_s") for r in timed]
+def _figures(run: StageColumns, steps: StageColumns, meta: dict[str, Any]) -> dict[str, Any]:
+    """The run's headline figures: ``run``, the columns of its intervals, and ``steps``,
+    those of its timed ones."""
+    batches = int(sum(steps.batches))
+    step_s, wait_s = sum(steps.step_s), sum(steps.wait_s)
     return {
-        "intervals": len(records),
-        "seconds": round(sum(secs_of(r) for r in records), 3),
+        "intervals": run.n,
+        "seconds": round(sum(run.secs), 3),
         "batches": batches,
-        "epochs": int(sum(num(train(r), "epochs_started") for r in records)),
+        "epochs": int(sum(run.epochs)),
         "step_time_s": round(step_s / batches, 6) if batches else None,
         "data_wait_s": round(wait_s / batches, 6) if batches else None,
-        "step_p50_s": round(statistics.median(p50s), 6) if p50s else None,
-        "data_wait_p50_s": round(statistics.median(waits), 6) if waits else None,
+        "step_p50_s": round(statistics.median(steps.step_p50_s), 6) if steps.n else None,
+        "data_wait_p50_s": round(statistics.median(steps.wait_p50_s), 6) if steps.n else None,
         "steps_per_s": round(batches / step_s, 3) if step_s > 0 else None,
         "cpus": meta.get("cpus"),
     }

@@ -11,6 +11,7 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
+from iolens.analysis.columns import StageColumns
 from iolens.analysis.verdict.figures import (
     device_load,
     device_names,
@@ -18,7 +19,6 @@ from iolens.analysis.verdict.figures import (
     helper_bytes,
     job_bytes,
     num,
-    part_sum,
     secs_of,
     span_of,
     train,
@@ -66,7 +66,8 @@ def hang_finding(records: Sequence[dict[str, Any]]) -> Finding | None:
             f"the loop waited {since:.0f} s for one batch", "a job that fails fast")])
 
 def all_findings(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]],
-              v: Verdict) -> list[Finding]:
+                 steps: StageColumns, v: Verdict) -> list[Finding]:
+    """The findings beside the verdict; ``steps``: the columns of the ``timed`` intervals."""
     out: list[Finding] = []
     hang = hang_finding(records)
     if hang is not None:
@@ -77,7 +78,7 @@ def all_findings(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, An
     out += _noisy_neighbors(timed)
     out += _warm_cache(timed, v)
     out += _cold_start(timed)
-    out += _epoch_start(timed, v)
+    out += _epoch_start(steps, v)
     return out
 
 def _noisy_neighbors(timed: Sequence[dict[str, Any]]) -> list[Finding]:
@@ -182,12 +183,10 @@ def _cold_start(timed: Sequence[dict[str, Any]]) -> list[Finding]:
                        "the start-up waits far more than the rest",
                        "a steady measurement")])]
 
-def _epoch_start(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
-    starts = [train(r).get("epoch_start_wait") for r in timed]
-    starts_n = sum(num(s, "count") for s in starts if isinstance(s, dict))
-    starts_sum = sum(num(s, "sum_s") for s in starts if isinstance(s, dict))
-    waits = [num(train(r).get("data_wait") or {}, "p50_s") for r in timed]
-    step_total = sum(part_sum(r, "step") for r in timed)
+def _epoch_start(steps: StageColumns, v: Verdict) -> list[Finding]:
+    starts_n, starts_sum = sum(steps.start_count), sum(steps.start_wait_s)
+    waits = steps.wait_p50_s
+    step_total = sum(steps.step_s)
     if not starts_n or not waits or step_total <= 0:
         return []
     mean_start = starts_sum / starts_n
@@ -207,9 +206,9 @@ def _epoch_start(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
         # A streaming library copies the data into a cache it then reads: the first
         # batches wait for the copy (NOTE [storage roles] in iolens/recorder/storage.py).
         source = next((x for x in v.storage if x.get("role") == "source"), None)
-        copied = sum(num(((r.get("job") or {}).get("roles") or {}).get(role), "wchar_s")
-                     * secs_of(r) for r in timed for role in ("worker", "main"))
-        secs = span_of(timed) or 1.0
+        copied = sum(x for w, m, sec in zip(steps.worker_wchar_s, steps.main_wchar_s,
+                                            steps.secs, strict=True) for x in (w * sec, m * sec))
+        secs = sum(steps.secs) or 1.0
         evidence.append(
             f"the job copies the data into a cache on {cache['mount']}"
             + (f" from {source['mount']}" if source else "")

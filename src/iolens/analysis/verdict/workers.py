@@ -9,6 +9,7 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
+from iolens.analysis.columns import StageColumns
 from iolens.analysis.pipeline import Pipeline
 from iolens.analysis.verdict.figures import num, part_sum, train
 from iolens.analysis.verdict.result import Recommendation, Verdict
@@ -99,21 +100,20 @@ def nothing_to_gain(v: Verdict) -> None:
         "change the model sizes leaves most of it", "none from the input side", None,
         "nothing to change: the figure is the best candidate's"))
 
-def epoch_starts_first(v: Verdict, timed: Sequence[dict[str, Any]]) -> None:
+def epoch_starts_first(v: Verdict, steps: StageColumns) -> None:
     """Workers started anew each epoch (not persistent), whose epoch starts after the run's
     first are a large part of the data wait: keeping the workers comes first, with its
-    prediction, whatever the steady batches wait for."""
+    prediction, whatever the steady batches wait for. ``steps``: the columns of the run's
+    timed intervals."""
     f = v.model.whole if v.model is not None else None
     if f is None or not f.workers or v.already("persistent_workers", True):
         return
-    batches = sum(num(train(r), "batches") for r in timed)
-    wait = sum(part_sum(r, "data_wait") for r in timed)
-    steps = sum(part_sum(r, "step") for r in timed)
+    batches, wait, step_s = sum(steps.batches), sum(steps.wait_s), sum(steps.step_s)
     # (the start is in the first batch's wait, or in its step where iter() waits for the
     # workers: both are the epoch start's, NOTE [epoch starts in the model])
     later = (f.epoch_start_s - f.first_start_s) * batches
-    if steps <= 0 or later <= 0 or (later < rules.EPOCH_START_LEAD * wait
-                                    and later < rules.MODERATE * steps):
+    if step_s <= 0 or later <= 0 or (later < rules.EPOCH_START_LEAD * wait
+                                     and later < rules.MODERATE * step_s):
         return
     keep = {"persistent_workers": True}
     rec = next((r for r in v.recommendations if r.change == keep), None)
@@ -129,7 +129,7 @@ def epoch_starts_first(v: Verdict, timed: Sequence[dict[str, Any]]) -> None:
     v.recommendations.insert(0, rec)
     v.evidence.append(f"the epochs after the first start their {plural(f.workers, 'worker')} "
                       f"anew (persistent_workers=False): their first batches took {later:.1f} s "
-                      f"beyond a steady step, {later / steps * 100:.0f}% of the step time")
+                      f"beyond a steady step, {later / step_s * 100:.0f}% of the step time")
 
 def handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *,
                     share: float, when: str, workers: int) -> None:
