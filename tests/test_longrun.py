@@ -6,6 +6,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -527,12 +528,35 @@ def test_iolens_report_writes_the_rollups_a_finished_long_run_lacks(tmp_path: Pa
     blocked.rmdir()
     first, said = report()
     assert "its rollups are missing: folding its records (about " in said, said
-    assert "wrote the run's rollups" in said, said
+    assert "wrote the rollups of" in said, said
     assert first == kept
     second, said = report()
     assert second == first and "rollups" not in said, said
     run_info = json.loads(second)["run"]
     assert run_info["intervals"] == 60_000 and run_info["buckets"] * run_info["bucket_s"] >= 60_000
+
+
+def test_iolens_compare_writes_the_rollups_two_finished_long_runs_lack(tmp_path: Path) -> None:
+    """As a user runs it: `iolens compare` of two long runs recorded without rollups
+    rebuilds and writes each one's, and says so; the next compare reads them, silently, to
+    the same result."""
+    base = ended(write(tmp_path / "base", varied_run(60_000)))
+    new = tmp_path / "new"
+    shutil.copytree(base, new)
+
+    def compare() -> tuple[str, str]:
+        out = subprocess.run([sys.executable, "-m", "iolens", "compare", str(base), str(new),
+                              "--format", "json"], capture_output=True, text=True,
+                             timeout=300, check=True)
+        return out.stdout, out.stderr
+
+    first, said = compare()
+    for run in (base, new):
+        assert f"iolens compare: wrote the rollups of {run} (" in said, said
+        assert (run / "rollups-10s.jsonl").exists() and (run / "rollups-1000s.jsonl").exists()
+    second, said = compare()
+    assert second == first and "rollups" not in said, said
+    assert json.loads(first)["metrics"], first
 
 
 def test_a_rebuild_that_fails_leaves_the_report_read_from_the_records(

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from iolens._errors import IolensError
-from iolens.cli._batch import no_cycle_collection
+from iolens.cli._batch import no_cycle_collection, read_run
 
 _EPILOG = """\
 What is compared (BASE and NEW, the change, and its 95% confidence interval):
@@ -97,7 +97,6 @@ def build_parser() -> argparse.ArgumentParser:
 def run(ns: argparse.Namespace) -> int:
     """Compare, print, and return the exit code."""
     from iolens.analysis import compare  # noqa: PLC0415 - keep `iolens --help` fast
-    from iolens.analysis.rundata import load_run  # noqa: PLC0415
 
     bounds: list[compare.Bound] = []
     if ns.fail_on:
@@ -108,8 +107,8 @@ def run(ns: argparse.Namespace) -> int:
             return 2
     try:
         with no_cycle_collection():  # NOTE [no cycle collection] in iolens/cli/_batch.py
-            new = load_run(ns.new)
-            cmp = compare.compare_runs(load_run(ns.base), new)
+            new = read_run(ns.new, "compare")
+            cmp = compare.compare_runs(read_run(ns.base, "compare"), new)
     except IolensError as exc:
         print(f"iolens compare: {exc}", file=sys.stderr)
         return 2

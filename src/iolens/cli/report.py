@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from iolens._errors import IolensError
-from iolens.cli._batch import no_cycle_collection
+from iolens.cli._batch import no_cycle_collection, read_run
 from iolens.rundir import write_atomic
 
 _EPILOG = """\
@@ -102,17 +102,13 @@ def run(ns: argparse.Namespace) -> int:
 
 def _report(ns: argparse.Namespace, plotlyjs: str | None) -> int:
     """The report of one run directory."""
-    from iolens.analysis.rundata import load_run  # noqa: PLC0415 - keep `iolens --help` fast
-    from iolens.report.build import build_report  # noqa: PLC0415
+    from iolens.report.build import build_report  # noqa: PLC0415 - keep `iolens --help` fast
 
     try:
-        data = load_run(ns.run, rebuild=lambda what: print(
-            f"iolens report: {ns.run}: {what}", file=sys.stderr, flush=True))
+        data = read_run(ns.run, "report")
     except IolensError as exc:
         print(f"iolens report: {exc}", file=sys.stderr)
         return 2
-    if data.rollups:
-        _keep_rollups(data.path, data.rollups)
     report = build_report(data)
     output = ns.output
     default_output = False
@@ -144,24 +140,6 @@ def _report(ns: argparse.Namespace, plotlyjs: str | None) -> int:
     if output:
         print(f"iolens report: wrote {output}", file=sys.stderr)
     return 0
-
-
-def _keep_rollups(path: str, lines: dict[float, list[bytes]]) -> None:
-    """Write the rollups the report rebuilt from the run's records, so that the next report
-    reads them (NOTE [rollups rebuilt] in iolens/analysis/rebuild.py); a run directory
-    that cannot take them (read-only, full) is left as it was."""
-    from iolens.rundir import replace_rollups  # noqa: PLC0415
-
-    try:
-        replace_rollups(path, lines)
-    except OSError as exc:
-        print(f"iolens report: the run's rollups, rebuilt from its records, could not be "
-              f"written ({exc.strerror or exc}): each report reads all its records",
-              file=sys.stderr)
-        return
-    n = sum(len(v) for v in lines.values())
-    print(f"iolens report: wrote the run's rollups ({n} lines, rebuilt from its records): "
-          "later reports read them", file=sys.stderr)
 
 
 def _run_multi(ns: argparse.Namespace, build: Any) -> int:
