@@ -617,3 +617,38 @@ def test_rollups_rebuilt_from_damaged_records_read_as_the_records_do(
         got = load_run(str(runs[0]), max_records=500, rebuild=True)
         assert got.rollups is not None, trial
         same_run(got, load_run(str(runs[1]), max_records=500))
+
+
+@pytest.mark.parametrize("far", [True, False])
+def test_a_line_written_again_far_from_its_first_is_read_once_however_many_processes(
+        tmp_path: Path, far: bool) -> None:
+    """A record's line copied into another process's byte range (NOTE [duplicates across
+    ranges]): the fold in 2 and 3 processes, and the rollups rebuilt in as many, read it
+    once, as the fold in one process does. Without the copy, the ranges' seqs lie apart and
+    the fold stays parallel."""
+    from iolens.analysis import rebuild
+
+    lines = [json.dumps(r) + "\n" for r in varied_run(9000)]  # (three 3000 s spans to rebuild)
+    if far:
+        lines.insert(8000, lines[40])  # (in the last range of 2 or 3)
+    run = write(tmp_path / "run", [])
+    path = run / "records.jsonl"
+    path.write_text("".join(lines))
+    one = fold_records(str(path), 30.0, jobs=1)
+    assert one.skipped.counts == ({"duplicate": 1} if far else {}), one.skipped.counts
+    for jobs in (2, 3):
+        got = fold_records(str(path), 30.0, jobs=jobs)
+        assert got.skipped.counts == one.skipped.counts
+        assert got.lines == one.lines
+        # (counts: a bucket across two ranges is merged, its sums added in another order)
+        assert {k: (b.n, b.batches) for k, b in got.buckets.items()} == {
+            k: (b.n, b.batches) for k, b in one.buckets.items()}
+    apart = [longrun._fold_range(str(path), a, z, 30.0).seqs for a, z in
+             ((0, path.stat().st_size // 2), (path.stat().st_size // 2, path.stat().st_size))]
+    assert longrun.apart(apart) is not far
+    serial = rebuild.rebuild_rollups(str(path), 30.0, jobs=1)
+    assert serial is not None
+    for jobs in (2, 3):
+        got_r = rebuild.rebuild_rollups(str(path), 30.0, jobs=jobs)
+        assert got_r is not None and got_r.lines == serial.lines, jobs
+

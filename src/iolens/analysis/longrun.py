@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,43 @@ buckets are whole rollup slots, so there may be half as many: see bucket_seconds
 
 
 @dataclass
+class Seqs:
+    """The least and the greatest seq of the records a byte range folded.
+
+    NOTE [duplicates across ranges]: a line written twice is told by its seq and end
+    (:func:`is_duplicate`), but a byte range folded in its own process sees only its
+    own lines (and the one before its first). The recorder numbers its records in the
+    order it writes them, so where each range's seqs all lie above those of the ranges
+    before it, no line of one repeats a line of another, and the parallel fold stands;
+    else (a line copied far from where it was first written, a recorder that appended to
+    another's records) the records are folded again in one process, which sees every
+    line: slower, on a damaged file only, and the same as the short run's reading."""
+
+    lo: int | None = None
+    hi: int | None = None
+
+    def add(self, seq: Any) -> None:
+        if type(seq) is int:
+            if self.lo is None or seq < self.lo:
+                self.lo = seq
+            if self.hi is None or seq > self.hi:
+                self.hi = seq
+
+
+def apart(ranges: Iterable[Seqs]) -> bool:
+    """True when each range's seqs (in the file's order) all lie above every earlier one's
+    (NOTE [duplicates across ranges])."""
+    top: int | None = None
+    for r in ranges:
+        if r.lo is None or r.hi is None:
+            continue
+        if top is not None and r.lo <= top:
+            return False
+        top = r.hi if top is None else max(top, r.hi)
+    return True
+
+
+@dataclass
 class ChunkResult:
     """What one byte range of records.jsonl folded into."""
 
@@ -37,6 +74,7 @@ class ChunkResult:
     lines: int = 0
     newer: int = 0
     skipped: Skipped = field(default_factory=Skipped)
+    seqs: Seqs = field(default_factory=Seqs)
 
     @property
     def bad(self) -> int:
@@ -79,6 +117,7 @@ def _fold_range(path: str, start: int, stop: int, bucket_s: float) -> ChunkResul
             if is_duplicate(rec, seen):
                 out.skipped.add("duplicate", where, f"seq {rec['seq']} again")
                 continue
+            out.seqs.add(rec.get("seq"))
             schema = rec.get("schema", SCHEMA_VERSION)
             if isinstance(schema, int) and schema > SCHEMA_VERSION:
                 out.newer += 1
@@ -193,6 +232,8 @@ def fold_records(path: str, bucket_s: float, jobs: int | None = None, *,
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             parts = list(pool.map(_fold_range, [path] * jobs, bounds[:-1], bounds[1:],
                                   [bucket_s] * jobs))
+        if not apart(part.seqs for part in parts):  # NOTE [duplicates across ranges]
+            parts = [_fold_range(path, start, size, bucket_s)]
     total = ChunkResult({})
     for part in parts:
         total.lines += part.lines

@@ -13,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from iolens.analysis.longrun import is_duplicate
+from iolens.analysis.longrun import Seqs, apart, is_duplicate
 from iolens.analysis.recordshape import ShapeCheck
 from iolens.rundir import SCHEMA_VERSION
 from iolens.rundir.rollup import ROLLUP_LEVELS, Bucket, Rolled, Rollups, loads
@@ -63,6 +63,7 @@ class _Part:
     records: int = 0
     stopped: bool = False
     """A line that is not a record ended the range."""
+    seqs: Seqs = field(default_factory=Seqs)
 
 
 def _slot(parse: Any, line: bytes) -> int | None:
@@ -127,6 +128,7 @@ def _fold_part(path: str, start: int, stop: int, keep_s: float) -> _Part:
                 part.stopped = True
                 break
             pos += len(line)
+            part.seqs.add(rec.get("seq"))
             for fold, out in zip(folds, part.lines.values(), strict=True):
                 bucket, slot = fold.bucket, fold.slot
                 got = fold.add(rec, line, pos)
@@ -175,6 +177,9 @@ def rebuild_rollups(path: str, slot_s: float, jobs: int | None = None) -> Rebuil
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             parts = list(pool.map(_fold_part, [path] * jobs, bounds[:-1], bounds[1:],
                                   [slot_s] * jobs))
+        used = parts[:next((i + 1 for i, p in enumerate(parts) if p.stopped), len(parts))]
+        if not apart(p.seqs for p in used):  # NOTE [duplicates across ranges] in longrun
+            parts = [_fold_part(path, 0, size, slot_s)]
     out = Rebuilt(Rolled())
     for part in parts:
         for level, lines in part.lines.items():
