@@ -66,6 +66,8 @@ class StageColumns:
     finite and non-negative, else 0)."""
 
     secs: tuple[float, ...]
+    elapsed_s: tuple[float, ...]
+    """The run's seconds at the interval's end."""
     batches: tuple[float, ...]
     step_s: tuple[float, ...]
     wait_s: tuple[float, ...]
@@ -143,7 +145,8 @@ class StageColumns:
             p = p if isinstance(p, dict) else {}
             n = int(amount(p, "batches"))
             for name, value in (
-                    ("secs", s), ("batches", amount(t, "batches")),
+                    ("secs", s), ("elapsed_s", amount(rec, "elapsed_s")),
+                    ("batches", amount(t, "batches")),
                     ("step_s", amount(t.get("step"), "sum_s")),
                     ("wait_s", amount(t.get("data_wait"), "sum_s")),
                     ("step_p50_s", amount(t.get("step"), "p50_s")),
@@ -274,6 +277,48 @@ class DeviceColumns:
             out.r_await = added(self.r_wait) / r_ios if r_ios else 0.0
             out.w_await = added(self.w_wait) / w_ios if w_ios else 0.0
         return out
+
+
+@dataclass(frozen=True)
+class RoleColumns:
+    """One role's figures (the training process, its workers, a cache copier ...) of
+    each interval that has it, by column: seconds, the most processes, and the CPU and the
+    bytes times seconds (each as the records hold it, finite and non-negative, else 0)."""
+
+    name: str
+    at: tuple[int, ...]
+    secs: tuple[float, ...]
+    pids: tuple[float, ...]
+    cpu: tuple[float, ...]
+    """%CPU times seconds."""
+    read: tuple[float, ...]
+    write: tuple[float, ...]
+    rchar: tuple[float, ...]
+
+    @classmethod
+    def of(cls, records: Sequence[dict[str, Any]]) -> dict[str, RoleColumns]:
+        """Each role's columns, in the order the records name the roles."""
+        cols: dict[str, dict[str, list[Any]]] = {}
+        for i, rec in enumerate(records):
+            job = rec.get("job") if isinstance(rec, dict) else None
+            roles = job.get("roles") if isinstance(job, dict) else None
+            if not isinstance(roles, dict) or not roles:
+                continue
+            s = amount(rec, "interval_s")
+            for name, d in roles.items():
+                if not isinstance(d, dict):
+                    continue
+                c = cols.get(name)
+                if c is None:
+                    c = cols[name] = {f: [] for f in cls.__dataclass_fields__ if f != "name"}
+                for f, v in (("at", i), ("secs", s), ("pids", amount(d, "pids")),
+                             ("cpu", amount(d, "cpu_pct") * s),
+                             ("read", amount(d, "read_bytes_s") * s),
+                             ("write", amount(d, "write_bytes_s") * s),
+                             ("rchar", amount(d, "rchar_s") * s)):
+                    c[f].append(v)
+        return {name: cls(name, **{f: tuple(v) for f, v in c.items()})
+                for name, c in cols.items()}
 
 
 def added(col: Iterable[float]) -> float:

@@ -18,12 +18,6 @@ from iolens.analysis.columns import StageColumns, amount, network_bytes
 __all__ = ["Pipeline", "amount", "network_bytes", "pipeline", "pipeline_over", "stage_series"]
 
 
-def _pipe(rec: dict[str, Any]) -> dict[str, Any]:
-    t = rec.get("train")
-    p = t.get("pipeline") if isinstance(t, dict) else None
-    return p if isinstance(p, dict) else {}
-
-
 @dataclass
 class Pipeline:
     """The stage figures over a span of records."""
@@ -251,24 +245,21 @@ def dataset_cached(meta: dict[str, Any]) -> bool:
                                         for s in st)
 
 
-def stage_series(records: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
-    """Per interval with timed stages: the mean per batch of fetch on CPU, fetch blocked,
-    collate, hand-over and idle, in seconds (the report's stage chart)."""
+def stage_series(c: StageColumns) -> list[dict[str, float]]:
+    """Per interval with timed stages (of the run's columns ``c``): the mean per batch of
+    fetch on CPU, fetch blocked, collate, hand-over and idle, in seconds (the report's stage
+    chart)."""
     out = []
-    for rec in records:
-        p = _pipe(rec)
-        n = amount(p, "batches")
+    for i, n in enumerate(c.p_batches):
         if n <= 0:
             continue
-        fetch, cpu = amount(p, "fetch_s"), amount(p, "fetch_cpu_s")
-        h = p.get("handover")
-        hn = amount(h, "count")
+        fetch, cpu, hn = c.p_fetch_s[i], c.p_fetch_cpu_s[i], c.p_handovers[i]
         out.append({
-            "elapsed_s": amount(rec, "elapsed_s"),
+            "elapsed_s": c.elapsed_s[i],
             "fetch_cpu_s": cpu / n,
             "fetch_blocked_s": max(0.0, fetch - cpu) / n,
-            "collate_s": amount(p, "collate_s") / n,
-            "handover_s": amount(h, "sum_s") / hn if hn else 0.0,
-            "idle_s": amount(p, "idle_s") / n,
+            "collate_s": c.p_collate_s[i] / n,
+            "handover_s": c.p_handover_s[i] / hn if hn else 0.0,
+            "idle_s": c.p_idle_s[i] / n,
         })
     return out

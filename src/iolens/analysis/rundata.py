@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iolens._errors import IolensError
-from iolens.analysis.columns import DeviceColumns, StageColumns
+from iolens.analysis.columns import DeviceColumns, RoleColumns, StageColumns
 from iolens.analysis.longrun import (
     LONG_RUN_RECORDS,
     bucket_records,
@@ -53,6 +53,11 @@ class RunData:
         """Each device's figures as columns, read once, in the order the records name the
         devices."""
         return DeviceColumns.of(self.records)
+
+    @functools.cached_property
+    def roles(self) -> dict[str, RoleColumns]:
+        """Each role's figures (the job's processes by role) as columns, read once."""
+        return RoleColumns.of(self.records)
 
 
 def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS,

@@ -26,7 +26,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from iolens.analysis.columns import DeviceColumns
+from iolens.analysis.columns import DeviceColumns, RoleColumns, added
 from iolens.analysis.pipeline import pipeline_over, stage_series
 from iolens.analysis.rundata import RunData
 from iolens.analysis.verdict import diagnose, rank_figures
@@ -56,7 +56,7 @@ def build_report(run: RunData) -> dict[str, Any]:
         "findings": [f.to_dict() for f in verdict.findings],
         "training": training,
         "devices": _devices(run.devices, meta),
-        "processes": _processes(recs, meta),
+        "processes": _processes(run.roles, meta),
         "gpus": _gpus(recs, meta),
         "cpu": _cpu(recs),
         "pipeline": _pipeline(run, meta),
@@ -108,7 +108,7 @@ def _pipeline(run: RunData, meta: dict[str, Any]) -> dict[str, Any] | None:
     if pipe is None:
         return None
     return {**pipe.to_dict(), "stages": [{k: round(v, 7) for k, v in row.items()}
-                                         for row in stage_series(run.records)]}
+                                         for row in stage_series(run.columns)]}
 
 
 def cache_blind(meta: dict[str, Any]) -> str | None:
@@ -272,21 +272,10 @@ def _devices(devices: dict[str, DeviceColumns], meta: dict[str, Any]) -> dict[st
     return out
 
 
-def _processes(recs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
-    acc: dict[str, dict[str, float]] = {}
-    for r in recs:
-        secs = float(r.get("interval_s") or 0)
-        for role, d in ((r.get("job") or {}).get("roles") or {}).items():
-            if not isinstance(d, dict):
-                continue
-            a = acc.setdefault(role, {"secs": 0.0, "pids": 0.0, "cpu": 0.0, "rd": 0.0,
-                                      "wr": 0.0, "rchar": 0.0})
-            a["secs"] += secs
-            a["pids"] = max(a["pids"], float(d.get("pids") or 0))
-            a["cpu"] += float(d.get("cpu_pct") or 0) * secs
-            a["rd"] += float(d.get("read_bytes_s") or 0) * secs
-            a["wr"] += float(d.get("write_bytes_s") or 0) * secs
-            a["rchar"] += float(d.get("rchar_s") or 0) * secs
+def _processes(roles: dict[str, RoleColumns], meta: dict[str, Any]) -> dict[str, Any]:
+    acc = {role: {"secs": added(c.secs), "pids": max(c.pids, default=0.0), "cpu": added(c.cpu),
+                  "rd": added(c.read), "wr": added(c.write), "rchar": added(c.rchar)}
+           for role, c in roles.items()}
     out: dict[str, Any] = {}
     blind = cache_blind(meta)
     for role, a in acc.items():
