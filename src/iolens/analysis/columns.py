@@ -72,8 +72,17 @@ class StageColumns:
     step_s: tuple[float, ...]
     wait_s: tuple[float, ...]
     step_p50_s: tuple[float, ...]
-    """The interval's median step and data wait."""
+    """The interval's median step and data wait, their p95s, their longest, and how many
+    steps and waits it timed."""
     wait_p50_s: tuple[float, ...]
+    step_p95_s: tuple[float, ...]
+    wait_p95_s: tuple[float, ...]
+    step_max_s: tuple[float, ...]
+    wait_max_s: tuple[float, ...]
+    step_count: tuple[int, ...]
+    wait_count: tuple[int, ...]
+    loader: tuple[bool, ...]
+    """Whether the interval's steps were timed at the DataLoader (not marked by hand)."""
     epochs: tuple[float, ...]
     """Epochs started in the interval."""
     num_workers: tuple[float, ...]
@@ -151,6 +160,13 @@ class StageColumns:
                     ("wait_s", amount(t.get("data_wait"), "sum_s")),
                     ("step_p50_s", amount(t.get("step"), "p50_s")),
                     ("wait_p50_s", amount(t.get("data_wait"), "p50_s")),
+                    ("step_p95_s", amount(t.get("step"), "p95_s")),
+                    ("wait_p95_s", amount(t.get("data_wait"), "p95_s")),
+                    ("step_max_s", amount(t.get("step"), "max_s")),
+                    ("wait_max_s", amount(t.get("data_wait"), "max_s")),
+                    ("step_count", int(amount(t.get("step"), "count"))),
+                    ("wait_count", int(amount(t.get("data_wait"), "count"))),
+                    ("loader", t.get("step_source") == "dataloader"),
                     ("epochs", amount(t, "epochs_started")),
                     ("num_workers", amount(t, "num_workers")),
                     ("start_count", amount(sw, "count")),

@@ -162,12 +162,9 @@ def _weighted_pct(pairs: list[tuple[float, float]], q: float) -> float | None:
 
 
 def _training(run: RunData, notes: list[str]) -> dict[str, Any]:
-    recs = run.records
-    timed = [r for r in recs if (r.get("train") or {}).get("step_source") == "dataloader"]
-    out: dict[str, Any] = {
-        "batches": sum(int((r.get("train") or {}).get("batches") or 0) for r in recs),
-        "epochs": sum(int((r.get("train") or {}).get("epochs_started") or 0) for r in recs),
-    }
+    c = run.columns
+    out: dict[str, Any] = {"batches": sum(int(n) for n in c.batches),
+                           "epochs": sum(int(n) for n in c.epochs)}
     exact = _exact_distributions(run, notes)
     if exact is not None:
         out["distribution_source"] = "every batch"
@@ -180,20 +177,20 @@ def _training(run: RunData, notes: list[str]) -> dict[str, Any]:
                          "intervals only, the data wait and step distributions every batch")
     else:
         out["distribution_source"] = "per-interval figures (p50 and p95 approximate)"
-        for part in ("data_wait", "step"):
-            ds = [(r.get("train") or {}).get(part) or {} for r in timed]
-            count = sum(int(d.get("count") or 0) for d in ds)
-            total = sum(float(d.get("sum_s") or 0) for d in ds)
+        timed = [i for i, on in enumerate(c.loader) if on]
+        for part, n, sums, p50, p95, most in (
+                ("data_wait", c.wait_count, c.wait_s, c.wait_p50_s, c.wait_p95_s, c.wait_max_s),
+                ("step", c.step_count, c.step_s, c.step_p50_s, c.step_p95_s, c.step_max_s)):
+            count = sum(n[i] for i in timed)
+            total = sum(sums[i] for i in timed)
             out[part] = {
                 "count": count, "sum_s": _r(total, 6),
                 "mean_s": _r(total / count, 6) if count else None,
-                "p50_s": _r(_weighted_pct([(float(d.get("p50_s") or 0), d.get("count") or 0)
-                                           for d in ds], 0.5), 6),
-                "p95_s": _r(_weighted_pct([(float(d.get("p95_s") or 0), d.get("count") or 0)
-                                           for d in ds], 0.95), 6),
-                "max_s": _r(max((float(d.get("max_s") or 0) for d in ds), default=0.0), 6),
+                "p50_s": _r(_weighted_pct([(p50[i], n[i]) for i in timed], 0.5), 6),
+                "p95_s": _r(_weighted_pct([(p95[i], n[i]) for i in timed], 0.95), 6),
+                "max_s": _r(max((most[i] for i in timed), default=0.0), 6),
             }
-    ranks = rank_figures(recs, run.meta.get("host"))
+    ranks = rank_figures(run.records, run.meta.get("host"))
     if ranks:
         out["ranks"] = ranks
     step_sum = out["step"].get("sum_s") or 0
