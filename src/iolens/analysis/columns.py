@@ -12,7 +12,7 @@ again (:func:`iolens.analysis.pipeline.pipeline_over`,
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,6 +130,13 @@ class StageColumns:
     worker_read_s: tuple[float, ...]
     net_bytes: tuple[float, ...]
     """Bytes received from the dataset's network peers in the interval."""
+    job_read_b: tuple[float, ...]
+    """Bytes the job read from and wrote to storage in the interval."""
+    job_write_b: tuple[float, ...]
+    helper_b: tuple[tuple[float, ...], ...]
+    """Bytes read from devices on the job's behalf by each helper outside it (a local
+    server of a network dataset, a FUSE daemon) in the interval, one entry per storage
+    entry."""
 
     @property
     def n(self) -> int:
@@ -150,6 +157,7 @@ class StageColumns:
             sw, ss = t.get("epoch_start_wait"), t.get("epoch_start_step")
             pause = t.get("pause_step")
             c = rec.get("cpu") if isinstance(rec, dict) else None
+            job, st = _dict(rec, "job"), _dict(rec, "storage")
             p = _dict(t, "pipeline")
             p = p if isinstance(p, dict) else {}
             n = int(amount(p, "batches"))
@@ -179,7 +187,7 @@ class StageColumns:
                     ("main_cpu_s", amount(main, "cpu_pct") / 100 * s),
                     ("main_delay_s", amount(main, "run_delay_pct") / 100 * s),
                     ("worker_cpu_s", amount(worker, "cpu_pct") / 100 * s),
-                    ("job_cpu_s", amount(_dict(rec, "job"), "cpu_pct") / 100 * s),
+                    ("job_cpu_s", amount(job, "cpu_pct") / 100 * s),
                     ("used_pct", 100 - amount(c, "idle") - amount(c, "iowait")
                      if isinstance(c, dict) and c else None),
                     ("p_batches", n), ("p_samples", int(amount(p, "samples"))),
@@ -200,7 +208,12 @@ class StageColumns:
                     ("worker_rchar_s", amount(worker, "rchar_s")),
                     ("worker_wchar_s", amount(worker, "wchar_s")),
                     ("worker_read_s", amount(worker, "read_bytes_s")),
-                    ("net_bytes", network_bytes(rec) if isinstance(rec, dict) else 0.0)):
+                    ("net_bytes", network_bytes(rec) if isinstance(rec, dict) else 0.0),
+                    ("job_read_b", amount(job, "read_bytes_s") * s),
+                    ("job_write_b", amount(job, "write_bytes_s") * s),
+                    ("helper_b", tuple(
+                        (amount(f, "server_read_bytes_s") + amount(f, "daemon_read_bytes_s"))
+                        * s for f in st.values()) if isinstance(st, dict) else ())):
                 cols[name].append(value)
         return cls(**{k: tuple(v) for k, v in cols.items()})
 
@@ -280,18 +293,27 @@ class DeviceColumns:
         return {name: cls(name, **{f: tuple(v) for f, v in c.items()})
                 for name, c in cols.items()}
 
-    def load(self) -> DeviceLoad:
-        """The device over all its intervals (as :func:`iolens.analysis.verdict.figures.
-        device_load` over the records: the same sums, in the same order)."""
+    def load(self, within: Container[int] | None = None) -> DeviceLoad:
+        """The device over all its intervals, or those of the run's intervals ``within``
+        (as :func:`iolens.analysis.verdict.figures.device_load` over their records: the
+        same sums, in the same order)."""
+        if within is None:
+            def col(c: tuple[float, ...]) -> Iterable[float]:
+                return c
+        else:
+            keep = [k for k, i in enumerate(self.at) if i in within]
+
+            def col(c: tuple[float, ...]) -> Iterable[float]:
+                return (c[k] for k in keep)
         out = DeviceLoad(self.name)
-        out.secs = secs = added(self.secs)
+        out.secs = secs = added(col(self.secs))
         if secs > 0:
-            r_ios, w_ios = added(self.r_ios), added(self.w_ios)
-            out.util, out.rkB_s = added(self.util_s) / secs, added(self.rkb) / secs
-            out.wkB_s, out.aqu_sz = added(self.wkb) / secs, added(self.aqu_s) / secs
+            r_ios, w_ios = added(col(self.r_ios)), added(col(self.w_ios))
+            out.util, out.rkB_s = added(col(self.util_s)) / secs, added(col(self.rkb)) / secs
+            out.wkB_s, out.aqu_sz = added(col(self.wkb)) / secs, added(col(self.aqu_s)) / secs
             out.r_s, out.w_s = r_ios / secs, w_ios / secs
-            out.r_await = added(self.r_wait) / r_ios if r_ios else 0.0
-            out.w_await = added(self.w_wait) / w_ios if w_ios else 0.0
+            out.r_await = added(col(self.r_wait)) / r_ios if r_ios else 0.0
+            out.w_await = added(col(self.w_wait)) / w_ios if w_ios else 0.0
         return out
 
 

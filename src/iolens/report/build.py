@@ -44,7 +44,7 @@ def build_report(run: RunData) -> dict[str, Any]:
     """The full report of one run."""
     recs = run.records
     meta = run.meta
-    verdict = diagnose(recs, meta, columns=run.columns)
+    verdict = diagnose(recs, meta, columns=run.columns, devices=run.devices)
     vd = verdict.to_dict()
     notes = [*run.notes, *[n for n in meta.get("notes") or [] if isinstance(n, str)]]
     training = _training(run, notes)

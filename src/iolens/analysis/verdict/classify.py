@@ -12,7 +12,7 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import StageColumns, added
+from iolens.analysis.columns import DeviceColumns, StageColumns, added
 from iolens.analysis.model import Model
 from iolens.analysis.verdict.figures import (
     end_of,
@@ -43,10 +43,11 @@ from iolens.training import overrides
 
 
 def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = None, *,
-             columns: StageColumns | None = None) -> Verdict:
+             columns: StageColumns | None = None,
+             devices: dict[str, DeviceColumns] | None = None) -> Verdict:
     """The verdict over a run's records (in order). ``meta`` adds the CPU count and notes;
-    ``columns``: the records' columns where the caller has read them (NOTE [columns] in
-    iolens/analysis/columns.py)."""
+    ``columns`` and ``devices``: the records' columns and their devices' where the caller
+    has read them (NOTE [columns] in iolens/analysis/columns.py)."""
     meta = meta or {}
     whole = records
     records, tuned = _tuned_part(records, meta)
@@ -54,7 +55,9 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     timed = [records[i] for i in timed_at]
     if columns is None or records is not whole:  # (the caller's are the whole run's)
         columns = StageColumns.of(records)
-    steps = columns.take(timed_at)
+    if devices is None or records is not whole:
+        devices = DeviceColumns.of(records)
+    steps = columns if len(timed_at) == columns.n else columns.take(timed_at)  # (all timed)
     batches = int(sum(steps.batches))
     figures = _figures(columns, steps, meta)
     blind = no_disk_stats(records, meta)
@@ -81,7 +84,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
         _compute_bound(v, timed)
         epoch_starts_first(v, steps)
     else:
-        input_bound(v, timed, meta)
+        input_bound(v, timed, meta, steps=steps, at=timed_at, devices=devices)
         epoch_starts_first(v, steps)
         nothing_to_gain(v)
     if batches < rules.MIN_BATCHES:

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from iolens.analysis import rules
-from iolens.analysis.columns import DeviceLoad
+from iolens.analysis.columns import DeviceLoad, StageColumns
 from iolens.analysis.pipeline import Pipeline
 from iolens.analysis.verdict.result import Window
 
@@ -161,13 +161,12 @@ def ceiling_text(share: float) -> str:
     return (f"up to {1 / (1 - share):.2f}x more steps per second if the data wait went to zero "
             f"(it is {share * 100:.0f}% of the step time)")
 
-def input_windows(timed: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for r in timed:
-        s = wait_share([r])
-        if s is not None and s >= rules.MODERATE:
-            out.append(r)
-    return out or list(timed)
+def input_windows(steps: StageColumns) -> list[int]:
+    """The timed intervals (their indices in ``steps``, the timed intervals' columns) whose
+    data wait is a moderate share of the step time or more; all of them where none is."""
+    out = [i for i, (wait, step) in enumerate(zip(steps.wait_s, steps.step_s, strict=True))
+           if step > 0 and wait / step >= rules.MODERATE]
+    return out or list(range(steps.n))
 
 def handover_share(pipe: Pipeline, win: Sequence[dict[str, Any]]) -> float:
     """The part of the loop's data wait that is the batches' hand-over or the epochs' first

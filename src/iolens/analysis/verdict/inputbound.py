@@ -9,19 +9,16 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import DeviceLoad
+from iolens.analysis.columns import DeviceColumns, DeviceLoad, StageColumns, added
 from iolens.analysis.pipeline import pipeline
 from iolens.analysis.verdict.figures import (
     bursty,
     busiest_read,
     ceiling_text,
     d_state_share,
-    device_load,
     device_names,
     handover_share,
-    helper_bytes,
     input_windows,
-    job_bytes,
     machine_idle,
     num,
     span_of,
@@ -49,14 +46,21 @@ from iolens.analysis.verdict.workers import (
 from iolens.core.words import plural
 
 
-def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any]) -> None:
+def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any], *,
+                steps: StageColumns, at: Sequence[int],
+                devices: dict[str, DeviceColumns]) -> None:
+    """The input-bound classes. ``steps``: the columns of the ``timed`` intervals, ``at``
+    their indices among the run's, ``devices``: the run's device columns (NOTE [columns] in
+    iolens/analysis/columns.py)."""
     share = v.data_wait_share or 0.0
-    win = input_windows(timed)
+    picks = input_windows(steps)
+    win = [timed[i] for i in picks]
+    within = {at[i] for i in picks}
     window = window_of(win, "input-bound")
     when = f", {window.text()}" if window else ""
     ceiling = ceiling_text(share)
-    job_read, _ = job_bytes(win)
-    job_read += helper_bytes(win)
+    job_read = added(steps.job_read_b[i] for i in picks)  # (job_bytes, helper_bytes of win)
+    job_read += added(b for i in picks for b in steps.helper_b[i])
     workers, worker_cpu = worker_figures(win)
     declared = max([int(num(train(r), "num_workers")) for r in timed]
                    + [int(num(d, "num_workers")) for d in v.loaders], default=0)
@@ -68,7 +72,7 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
     # storage: the busiest device the job's reads make up, saturated or slow
     best: tuple[DeviceLoad, float] | None = None
     for name in device_names(win):
-        load = device_load(win, name)
+        load = devices[name].load(within)
         dev_bytes = load.rkB_s * 1024 * load.secs
         own = min(1.0, job_read / dev_bytes) if dev_bytes > 0 else 0.0
         busy = load.util >= rules.UTIL_SATURATED or (
