@@ -133,6 +133,8 @@ class StageColumns:
     job_read_b: tuple[float, ...]
     """Bytes the job read from and wrote to storage in the interval."""
     job_write_b: tuple[float, ...]
+    main_write_b: tuple[float, ...]
+    """Bytes the training process itself wrote to storage in the interval."""
     helper_b: tuple[tuple[float, ...], ...]
     """Bytes read from devices on the job's behalf by each helper outside it (a local
     server of a network dataset, a FUSE daemon) in the interval, one entry per storage
@@ -211,6 +213,7 @@ class StageColumns:
                     ("net_bytes", network_bytes(rec) if isinstance(rec, dict) else 0.0),
                     ("job_read_b", amount(job, "read_bytes_s") * s),
                     ("job_write_b", amount(job, "write_bytes_s") * s),
+                    ("main_write_b", amount(main, "write_bytes_s") * s),
                     ("helper_b", tuple(
                         (amount(f, "server_read_bytes_s") + amount(f, "daemon_read_bytes_s"))
                         * s for f in st.values()) if isinstance(st, dict) else ())):
@@ -258,6 +261,12 @@ class DeviceColumns:
     secs: tuple[float, ...]
     util: tuple[float, ...]
     """%util as recorded (the others below are over the interval's seconds)."""
+    peak: tuple[float, ...]
+    """The highest %util in the interval: a long run's bucket's ``util_max`` (a
+    checkpoint's seconds vanish in its mean), else its %util."""
+    rkb_s: tuple[float, ...]
+    """kB read and written a second, as recorded."""
+    wkb_s: tuple[float, ...]
     util_s: tuple[float, ...]
     rkb: tuple[float, ...]
     wkb: tuple[float, ...]
@@ -283,9 +292,11 @@ class DeviceColumns:
                 if c is None:
                     c = cols[name] = {f: [] for f in cls.__dataclass_fields__ if f != "name"}
                 ri, wi = amount(d, "r_s") * s, amount(d, "w_s") * s
-                util = amount(d, "util")
-                for f, v in (("at", i), ("secs", s), ("util", util), ("util_s", util * s),
-                             ("rkb", amount(d, "rkB_s") * s), ("wkb", amount(d, "wkB_s") * s),
+                util, rkb, wkb = amount(d, "util"), amount(d, "rkB_s"), amount(d, "wkB_s")
+                for f, v in (("at", i), ("secs", s), ("util", util),
+                             ("peak", amount(d, "util_max") if "util_max" in d else util),
+                             ("rkb_s", rkb), ("wkb_s", wkb), ("util_s", util * s),
+                             ("rkb", rkb * s), ("wkb", wkb * s),
                              ("aqu_s", amount(d, "aqu_sz") * s), ("r_ios", ri), ("w_ios", wi),
                              ("r_wait", amount(d, "r_await") * ri),
                              ("w_wait", amount(d, "w_await") * wi)):

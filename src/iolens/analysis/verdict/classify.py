@@ -77,7 +77,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     v.loaders = [d for d in meta.get("loaders") or [] if isinstance(d, dict)]
     model = Model(timed, int(meta.get("cpus") or 0) or None, columns=steps)
     v.model = model if model.whole is not None else None
-    stall = write_stall(records, timed, share)
+    stall = write_stall(columns, steps, timed_at, devices, share)
     if stall is not None:
         v.cls, v.devices, v.evidence, v.recommendations, v.windows = stall
     elif share < rules.MODERATE:
