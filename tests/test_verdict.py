@@ -277,6 +277,19 @@ def test_a_loop_devices_backing_disk_is_not_a_neighbor() -> None:
     assert not [f for f in v.findings if f.cls == "noisy-neighbor"]
 
 
+def test_reads_through_a_loop_device_count_as_the_jobs_on_its_backing_disk() -> None:
+    """The job's own read_bytes see a tenth of the reads (the rest through a mapping), the
+    loop device carries them all: the busy backing disk is not a neighbour's. With the
+    loop device idle, the same reads are another process's."""
+    d = {"loop0": dev(util=30, r_s=100, rkb=6400), "vda": dev(util=90, r_s=100, rkb=6400)}
+    v = diagnose(run_of(wait=0.002, devices=d, job_read=640 * 1024), META)
+    assert not [f for f in v.findings if f.cls == "noisy-neighbor"]
+    d["loop0"] = dev()
+    v = diagnose(run_of(wait=0.002, devices=d, job_read=640 * 1024), META)
+    (f,) = [f for f in v.findings if f.cls == "noisy-neighbor"]
+    assert f.evidence[0].startswith("vda 90% util, 6.2 MB/s read"), f.evidence
+
+
 def test_warm_cache_threshold() -> None:
     mb = 1 << 20
     warm = diagnose(run_of(wait=0.002, worker_rchar=20 * mb, job_read=1.5 * mb), META)

@@ -370,6 +370,18 @@ class RoleColumns:
                 for name, c in cols.items()}
 
 
+@dataclass(frozen=True)
+class RunColumns:
+    """What the verdict reads of a run, read once (NOTE [columns]): the columns of its
+    intervals and of its devices, and those of its intervals with timed batches (``steps``)
+    at ``timed_at`` among them. Spans of the run are indices into these, not records."""
+
+    run: StageColumns
+    devices: dict[str, DeviceColumns]
+    timed_at: Sequence[int]
+    steps: StageColumns
+
+
 def added(col: Iterable[float]) -> float:
     """The entries added one after another from 0.0, as a loop over the records adds them
     (``x += ...``): sum() adds floats otherwise from Python 3.12, and a figure read from

@@ -12,7 +12,7 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import DeviceColumns, StageColumns, added
+from iolens.analysis.columns import DeviceColumns, RunColumns, StageColumns, added
 from iolens.analysis.model import Model
 from iolens.analysis.verdict.figures import (
     end_of,
@@ -58,6 +58,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     if devices is None or records is not whole:
         devices = DeviceColumns.of(records)
     steps = columns if len(timed_at) == columns.n else columns.take(timed_at)  # (all timed)
+    cols = RunColumns(columns, devices, timed_at, steps)
     batches = int(sum(steps.batches))
     figures = _figures(columns, steps, meta)
     blind = no_disk_stats(records, meta)
@@ -77,20 +78,20 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     v.loaders = [d for d in meta.get("loaders") or [] if isinstance(d, dict)]
     model = Model(timed, int(meta.get("cpus") or 0) or None, columns=steps)
     v.model = model if model.whole is not None else None
-    stall = write_stall(columns, steps, timed_at, devices, share)
+    stall = write_stall(cols, share)
     if stall is not None:
         v.cls, v.devices, v.evidence, v.recommendations, v.windows = stall
     elif share < rules.MODERATE:
         _compute_bound(v, timed)
         epoch_starts_first(v, steps)
     else:
-        input_bound(v, timed, meta, steps=steps, at=timed_at, devices=devices)
+        input_bound(v, timed, meta, cols)
         epoch_starts_first(v, steps)
         nothing_to_gain(v)
     if batches < rules.MIN_BATCHES:
         v.evidence.append(f"only {plural(batches, 'batch', 'batches')} timed: a longer run "
                           "gives a firmer verdict")
-    v.findings = findings + all_findings(records, timed, steps, v)
+    v.findings = findings + all_findings(records, timed, cols, v)
     hang = next((f for f in v.findings if f.cls == "hang"), None)
     step_s = sum(steps.step_s)
     if hang is not None and num(train(records[-1]), "waiting_s") > step_s:

@@ -11,13 +11,10 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import StageColumns
+from iolens.analysis.columns import RunColumns, StageColumns, added
 from iolens.analysis.verdict.figures import (
-    device_load,
     device_names,
     end_of,
-    helper_bytes,
-    job_bytes,
     num,
     secs_of,
     span_of,
@@ -66,8 +63,9 @@ def hang_finding(records: Sequence[dict[str, Any]]) -> Finding | None:
             f"the loop waited {since:.0f} s for one batch", "a job that fails fast")])
 
 def all_findings(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]],
-                 steps: StageColumns, v: Verdict) -> list[Finding]:
-    """The findings beside the verdict; ``steps``: the columns of the ``timed`` intervals."""
+                 cols: RunColumns, v: Verdict) -> list[Finding]:
+    """The findings beside the verdict; ``cols``: the run's columns (``timed``'s among
+    them)."""
     out: list[Finding] = []
     hang = hang_finding(records)
     if hang is not None:
@@ -75,53 +73,60 @@ def all_findings(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, An
     slow = straggler(rank_figures(records))
     if slow is not None:
         out.append(slow)
-    out += _noisy_neighbors(timed)
+    out += _noisy_neighbors(timed, cols)
     out += _warm_cache(timed, v)
     out += _cold_start(timed)
-    out += _epoch_start(steps, v)
+    out += _epoch_start(cols.steps, v)
     return out
 
-def _noisy_neighbors(timed: Sequence[dict[str, Any]]) -> list[Finding]:
+def _noisy_neighbors(timed: Sequence[dict[str, Any]], cols: RunColumns) -> list[Finding]:
+    """Devices kept busy by another process."""
+    steps, at, devices = cols.steps, cols.timed_at, cols.devices
     out = []
-    names = device_names(timed)
+    names = [n for n in device_names(timed) if n in devices]  # (a figure map each)
     loops = [n for n in names if n.startswith("loop")]
-    span = span_of(timed)
+    span = sum(steps.secs)
+    where = {name: dict(zip(devices[name].at, range(len(devices[name].at)), strict=True))
+             for name in names}
     for name in names:
-        hit = []
-        for r in timed:
-            d = (r.get("devices") or {}).get(name) or {}
-            if num(d, "util") < rules.NEIGHBOR_UTIL:
+        dev, mine = devices[name], where[name]
+        hit: list[int] = []  # (positions among the timed intervals)
+        busy: list[int] = []
+        for j, i in enumerate(at):
+            k = mine.get(i)
+            if k is None or dev.util[k] < rules.NEIGHBOR_UTIL:
                 continue
-            dev_bytes = (num(d, "rkB_s") + num(d, "wkB_s")) * 1024 * secs_of(r)
+            busy.append(j)
+            secs = dev.secs[k]
+            dev_bytes = (dev.rkb_s[k] + dev.wkb_s[k]) * 1024 * secs
             if dev_bytes <= 0:
                 continue
             # A loop device's reads reach its backing disk from the kernel's loop
             # thread, not from the job: that load is the job's, seen one level down.
-            looped = sum((num((r.get("devices") or {}).get(lp) or {}, "rkB_s")
-                          + num((r.get("devices") or {}).get(lp) or {}, "wkB_s")) * 1024
-                         * secs_of(r) for lp in loops if lp != name)
-            jr, jw = job_bytes([r])
-            if (jr + jw + looped + helper_bytes([r])) / dev_bytes < rules.JOB_SHARE_OWN:
-                hit.append(r)
-        if hit and span_of(hit) >= rules.NEIGHBOR_SHARE_OF_TIME * span:
-            load = device_load(hit, name)
-            jr, jw = job_bytes(hit)
+            looped = sum((devices[lp].rkb_s[n] + devices[lp].wkb_s[n]) * 1024 * secs
+                         if (n := where[lp].get(i)) is not None else 0.0
+                         for lp in loops if lp != name)
+            own = steps.job_read_b[j] + steps.job_write_b[j] + looped + added(steps.helper_b[j])
+            if own / dev_bytes < rules.JOB_SHARE_OWN:
+                hit.append(j)
+        if hit and sum(steps.secs[j] for j in hit) >= rules.NEIGHBOR_SHARE_OF_TIME * span:
+            load = dev.load({at[j] for j in hit})
+            jr, jw = added(steps.job_read_b[j] for j in hit), added(
+                steps.job_write_b[j] for j in hit)
             dev_bytes = (load.rkB_s + load.wkB_s) * 1024 * load.secs
             own = (jr + jw) / dev_bytes if dev_bytes else 0.0
             # A helper's reads (a local server's, a FUSE daemon's) reach its counters an
             # interval early or late: the intervals where they look low are picked by
             # that. Over all the busy intervals they must leave room for a neighbour.
-            busy = [r for r in timed
-                    if num((r.get("devices") or {}).get(name) or {}, "util")
-                    >= rules.NEIGHBOR_UTIL]
-            helped = helper_bytes(busy)
+            helped = added(b for j in busy for b in steps.helper_b[j])
             if helped:
-                b = device_load(busy, name)
+                b = dev.load({at[j] for j in busy})
                 all_bytes = (b.rkB_s + b.wkB_s) * 1024 * b.secs
-                if all_bytes and (sum(job_bytes(busy)) + helped) / all_bytes >= (
-                        rules.JOB_SHARE_OWN):
+                busy_job = added(steps.job_read_b[j] for j in busy) + added(
+                    steps.job_write_b[j] for j in busy)
+                if all_bytes and (busy_job + helped) / all_bytes >= rules.JOB_SHARE_OWN:
                     continue
-            w = window_of(hit, "noisy-neighbor")
+            w = window_of([timed[hit[0]], timed[hit[-1]]], "noisy-neighbor")
             out.append(Finding("noisy-neighbor", [
                 f"{name} {load.util:.0f}% util, {load.rMB_s:.1f} MB/s read and "
                 f"{load.wMB_s:.1f} MB/s written, only {own * 100:.0f}% of it by this job"

@@ -9,7 +9,7 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import DeviceColumns, DeviceLoad, StageColumns, added
+from iolens.analysis.columns import DeviceLoad, RunColumns, added
 from iolens.analysis.pipeline import pipeline
 from iolens.analysis.verdict.figures import (
     bursty,
@@ -46,12 +46,11 @@ from iolens.analysis.verdict.workers import (
 from iolens.core.words import plural
 
 
-def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any], *,
-                steps: StageColumns, at: Sequence[int],
-                devices: dict[str, DeviceColumns]) -> None:
-    """The input-bound classes. ``steps``: the columns of the ``timed`` intervals, ``at``
-    their indices among the run's, ``devices``: the run's device columns (NOTE [columns] in
-    iolens/analysis/columns.py)."""
+def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any],
+                cols: RunColumns) -> None:
+    """The input-bound classes. ``cols``: the run's columns, ``timed``'s among them (NOTE
+    [columns] in iolens/analysis/columns.py)."""
+    steps, at, devices = cols.steps, cols.timed_at, cols.devices
     share = v.data_wait_share or 0.0
     picks = input_windows(steps)
     win = [timed[i] for i in picks]
@@ -72,6 +71,8 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
     # storage: the busiest device the job's reads make up, saturated or slow
     best: tuple[DeviceLoad, float] | None = None
     for name in device_names(win):
+        if name not in devices:  # (never a map of figures: as device_load, no load)
+            continue
         load = devices[name].load(within)
         dev_bytes = load.rkB_s * 1024 * load.secs
         own = min(1.0, job_read / dev_bytes) if dev_bytes > 0 else 0.0

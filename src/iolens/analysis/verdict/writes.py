@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections.abc import Sequence
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import DeviceColumns, StageColumns, added
+from iolens.analysis.columns import DeviceColumns, RunColumns, added
 from iolens.analysis.model import Prediction
 from iolens.analysis.verdict.result import Recommendation, Window
 
@@ -32,12 +31,10 @@ def _write_episodes(dev: DeviceColumns) -> list[list[int]]:
         episodes.append(current)
     return episodes
 
-def write_stall(run: StageColumns, steps: StageColumns, timed_at: Sequence[int],
-                devices: dict[str, DeviceColumns], share: float
+def write_stall(cols: RunColumns, share: float
                 ) -> tuple[str, list[str], list[str], list[Recommendation], list[Window]] | None:
-    """Steps slowed while the job's own writes saturate a device. ``run``: the columns of
-    the run's intervals, ``steps`` those of its timed ones, at ``timed_at`` among them;
-    ``devices``: the run's device columns.
+    """Steps slowed while the job's own writes saturate a device, read from the run's
+    columns.
 
     A checkpoint is written in two phases: write() dirties the page cache (the
     job's write_bytes count then), and the device writes later, at fsync() or
@@ -46,6 +43,7 @@ def write_stall(run: StageColumns, steps: StageColumns, timed_at: Sequence[int],
     that end in the episode or in the first timed interval after it (a step
     blocked in fsync is handed over only when the write is done).
     """
+    run, steps, timed_at, devices = cols.run, cols.steps, cols.timed_at, cols.devices
     step_total = sum(steps.step_s)
     if not steps.n or step_total <= 0:
         return None
