@@ -60,6 +60,11 @@ def _dict(d: Any, key: str) -> Any:
     return d.get(key) if isinstance(d, dict) else None
 
 
+def _count(d: Any, key: str) -> int:
+    v = d.get(key) if isinstance(d, dict) else None
+    return v if isinstance(v, int) else 0
+
+
 @dataclass(frozen=True)
 class StageColumns:
     """The model's figures of each interval, by column (each entry as the records hold it,
@@ -135,6 +140,15 @@ class StageColumns:
     job_write_b: tuple[float, ...]
     main_write_b: tuple[float, ...]
     """Bytes the training process itself wrote to storage in the interval."""
+    worker_cpu_pct: tuple[float, ...]
+    """The workers' CPU, all of them together (% of a core)."""
+    idle_pct: tuple[float | None, ...]
+    """The machine's CPUs idle and in iowait (%), None where not recorded."""
+    d_states: tuple[int, ...]
+    """The job's process samples in uninterruptible sleep (state D), and in any state."""
+    all_states: tuple[int, ...]
+    iterable: tuple[bool, ...]
+    """Whether the loop iterated a loader that is not a torch DataLoader."""
     helper_b: tuple[tuple[float, ...], ...]
     """Bytes read from devices on the job's behalf by each helper outside it (a local
     server of a network dataset, a FUSE daemon) in the interval, one entry per storage
@@ -160,6 +174,7 @@ class StageColumns:
             pause = t.get("pause_step")
             c = rec.get("cpu") if isinstance(rec, dict) else None
             job, st = _dict(rec, "job"), _dict(rec, "storage")
+            states = _dict(job, "states")
             p = _dict(t, "pipeline")
             p = p if isinstance(p, dict) else {}
             n = int(amount(p, "batches"))
@@ -214,6 +229,13 @@ class StageColumns:
                     ("job_read_b", amount(job, "read_bytes_s") * s),
                     ("job_write_b", amount(job, "write_bytes_s") * s),
                     ("main_write_b", amount(main, "write_bytes_s") * s),
+                    ("worker_cpu_pct", amount(worker, "cpu_pct")),
+                    ("idle_pct", amount(c, "idle") + amount(c, "iowait")
+                     if isinstance(c, dict) and c else None),
+                    ("d_states", _count(states, "D")),
+                    ("all_states", sum(_count(states, k) for k in states)
+                     if isinstance(states, dict) else 0),
+                    ("iterable", t.get("iterable_loader") is True),
                     ("helper_b", tuple(
                         (amount(f, "server_read_bytes_s") + amount(f, "daemon_read_bytes_s"))
                         * s for f in st.values()) if isinstance(st, dict) else ())):

@@ -120,39 +120,32 @@ def wait_share(recs: Iterable[dict[str, Any]]) -> float | None:
         step += part_sum(r, "step")
     return wait / step if step > 0 else None
 
-def worker_figures(recs: Sequence[dict[str, Any]]) -> tuple[int, float]:
-    """Most workers seen at once, and their mean CPU per worker (% of a core) over ``recs``."""
+def worker_figures(c: StageColumns, picks: Sequence[int]) -> tuple[int, float]:
+    """Most workers seen at once, and their mean CPU per worker (% of a core) over the
+    intervals ``picks`` of the columns ``c``."""
     most = 0
     per_worker: list[tuple[float, float]] = []
-    for rec in recs:
-        w = ((rec.get("job") or {}).get("roles") or {}).get("worker") or {}
-        n = int(num(w, "pids"))
+    for i in picks:
+        n = int(c.worker_pids[i])
         most = max(most, n)
         if n:
-            per_worker.append((num(w, "cpu_pct") / n, secs_of(rec)))
+            per_worker.append((c.worker_cpu_pct[i] / n, c.secs[i]))
     secs = sum(s for _, s in per_worker)
-    mean = sum(c * s for c, s in per_worker) / secs if secs else 0.0
+    mean = sum(x * s for x, s in per_worker) / secs if secs else 0.0
     return most, mean
 
-def machine_idle(recs: Sequence[dict[str, Any]]) -> float | None:
-    """Mean idle + iowait percent of all CPUs over ``recs`` (None without CPU figures)."""
-    vals = [(num(c, "idle") + num(c, "iowait"), secs_of(r))
-            for r in recs if isinstance(c := r.get("cpu"), dict) and c]
+def machine_idle(c: StageColumns, picks: Sequence[int]) -> float | None:
+    """Mean idle + iowait percent of all CPUs over the intervals ``picks`` of the columns
+    ``c`` (None without CPU figures)."""
+    vals = [(idle, c.secs[i]) for i in picks if (idle := c.idle_pct[i]) is not None]
     secs = sum(s for _, s in vals)
     return sum(v * s for v, s in vals) / secs if secs else None
 
-def d_state_share(recs: Sequence[dict[str, Any]]) -> float:
-    """Share of the job's process samples in uninterruptible sleep (state D)."""
-    d = total = 0
-    for rec in recs:
-        states = (rec.get("job") or {}).get("states") or {}
-        if isinstance(states, dict):
-            for k, v in states.items():
-                n = int(v) if isinstance(v, int) else 0
-                total += n
-                if k == "D":
-                    d += n
-    return d / total if total else 0.0
+def d_state_share(c: StageColumns, picks: Sequence[int]) -> float:
+    """Share of the job's process samples in uninterruptible sleep (state D) over the
+    intervals ``picks`` of the columns ``c``."""
+    total = sum(c.all_states[i] for i in picks)
+    return sum(c.d_states[i] for i in picks) / total if total else 0.0
 
 def ceiling_text(share: float) -> str:
     """What removing the data wait entirely would give."""

@@ -10,7 +10,7 @@ from typing import Any
 from iolens.analysis import model as pm
 from iolens.analysis import rules
 from iolens.analysis.columns import DeviceLoad, RunColumns, added
-from iolens.analysis.pipeline import pipeline
+from iolens.analysis.pipeline import pipeline_over
 from iolens.analysis.verdict.figures import (
     bursty,
     busiest_read,
@@ -60,17 +60,18 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
     ceiling = ceiling_text(share)
     job_read = added(steps.job_read_b[i] for i in picks)  # (job_bytes, helper_bytes of win)
     job_read += added(b for i in picks for b in steps.helper_b[i])
-    workers, worker_cpu = worker_figures(win)
-    declared = max([int(num(train(r), "num_workers")) for r in timed]
+    workers, worker_cpu = worker_figures(steps, picks)
+    declared = max([int(n) for n in steps.num_workers]
                    + [int(num(d, "num_workers")) for d in v.loaders], default=0)
-    plain = (not declared and any(train(r).get("iterable_loader") is True for r in timed))
+    plain = not declared and any(steps.iterable)
     unseen = workers == 0 and declared > 0  # short-lived workers between two samples
     workers = max(workers, declared) if unseen else workers
-    idle = machine_idle(win)
+    idle = machine_idle(steps, picks)
     cpus = int(meta.get("cpus") or 0)
     # storage: the busiest device the job's reads make up, saturated or slow
     best: tuple[DeviceLoad, float] | None = None
-    for name in device_names(win):
+    names = device_names(win)
+    for name in names:
         if name not in devices:  # (never a map of figures: as device_load, no load)
             continue
         load = devices[name].load(within)
@@ -80,11 +81,11 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
             load.r_await >= rules.AWAIT_SLOW_MS and load.aqu_sz >= rules.QUEUE_BUSY)
         if busy and own >= rules.JOB_SHARE_OWN and (best is None or load.util > best[0].util):
             best = (load, own)
-    d_share = d_state_share(win)
+    d_share = d_state_share(steps, picks)
     # Without device figures nothing says the storage is idle: say it was not measured.
-    measured = bool(device_names(win))
+    measured = bool(names)
     storage = "the storage not saturated" if measured else "the storage not measured"
-    pipe = pipeline(win, meta)
+    pipe = pipeline_over(steps, picks, meta)
     # Workers idle half their time keep up, unless their fetch waits for a core (NOTE
     # [idle workers queued for a core] in iolens/analysis/rules.py).
     queued = pipe is not None and (pipe.fetch_queue_share or 0.0) >= rules.FETCH_QUEUED
