@@ -404,6 +404,33 @@ class RunColumns:
     steps: StageColumns
 
 
+@dataclass(frozen=True)
+class Span:
+    """Some of a run's timed intervals (a verdict's window): their positions among them
+    (``picks``, in order) in the run's columns."""
+
+    cols: RunColumns
+    picks: Sequence[int]
+
+    def total(self, column: str) -> float:
+        """The timed intervals' column ``column`` summed over the span, as sum() does."""
+        col: Sequence[float] = getattr(self.cols.steps, column)
+        out: float = sum(col[i] for i in self.picks)
+        return out
+
+    def within(self) -> set[int]:
+        """The span's intervals, as indices among the run's."""
+        at = self.cols.timed_at
+        return {at[i] for i in self.picks}
+
+    def load(self, device: str, within: Container[int] | None = None) -> DeviceLoad:
+        """``device`` over the span (``within``: :meth:`within`, where the caller has it)."""
+        dev = self.cols.devices.get(device)
+        if dev is None:
+            return DeviceLoad(device)
+        return dev.load(self.within() if within is None else within)
+
+
 def added(col: Iterable[float]) -> float:
     """The entries added one after another from 0.0, as a loop over the records adds them
     (``x += ...``): sum() adds floats otherwise from Python 3.12, and a figure read from

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from iolens.analysis import rules
-from iolens.analysis.columns import DeviceLoad, StageColumns
+from iolens.analysis.columns import DeviceLoad, Span, StageColumns
 from iolens.analysis.pipeline import Pipeline
 from iolens.analysis.verdict.result import Window
 
@@ -161,23 +161,21 @@ def input_windows(steps: StageColumns) -> list[int]:
            if step > 0 and wait / step >= rules.MODERATE]
     return out or list(range(steps.n))
 
-def handover_share(pipe: Pipeline, win: Sequence[dict[str, Any]]) -> float:
-    """The part of the loop's data wait that is the batches' hand-over or the epochs' first
-    batches (at most 1: the two overlap in the first batch)."""
-    wait = sum(part_sum(r, "data_wait") for r in win)
+def handover_share(pipe: Pipeline, span: Span) -> float:
+    """The part of the loop's data wait over ``span`` that is the batches' hand-over or the
+    epochs' first batches (at most 1: the two overlap in the first batch)."""
+    wait = span.total("wait_s")
     if wait <= 0:
         return 0.0
-    batches = sum(num(train(r), "batches") for r in win)
-    hand = (pipe.handover_s_per_batch or 0.0) * batches
-    starts = sum(num(x, "sum_s") for r in win
-                 if isinstance(x := train(r).get("epoch_start_wait"), dict))
-    return min(1.0, (hand + starts) / wait)
+    hand = (pipe.handover_s_per_batch or 0.0) * span.total("batches")
+    return min(1.0, (hand + span.total("start_wait_s")) / wait)
 
-def bursty(recs: Sequence[dict[str, Any]]) -> str | None:
-    """Why deeper prefetch would help, when the waits come in bursts (the p95 wait well
-    above the median); None when they do not."""
-    p50s = [num(train(r).get("data_wait") or {}, "p50_s") for r in recs]
-    p95s = [num(train(r).get("data_wait") or {}, "p95_s") for r in recs]
+def bursty(span: Span) -> str | None:
+    """Why deeper prefetch would help, when the waits over ``span`` come in bursts (the p95
+    wait well above the median); None when they do not."""
+    steps = span.cols.steps
+    p50s = [steps.wait_p50_s[i] for i in span.picks]
+    p95s = [steps.wait_p95_s[i] for i in span.picks]
     if not p50s:
         return None
     p50, p95 = statistics.median(p50s), statistics.median(p95s)
@@ -200,7 +198,9 @@ def fuse_waiting(win: Sequence[dict[str, Any]], mount: str) -> float | None:
 def span_of(recs: Sequence[dict[str, Any]]) -> float:
     return sum(secs_of(r) for r in recs)
 
-def busiest_read(recs: Sequence[dict[str, Any]]) -> list[str]:
-    loads = [device_load(recs, n) for n in device_names(recs)]
+def busiest_read(span: Span, names: Sequence[str]) -> list[str]:
+    """The device of ``names`` that read the most over ``span``."""
+    within = span.within()
+    loads = [span.load(n, within) for n in names]
     loads = [x for x in loads if x.rkB_s > 0]
     return [max(loads, key=lambda x: x.rkB_s).name] if loads else []

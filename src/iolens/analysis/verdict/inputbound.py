@@ -9,7 +9,7 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import DeviceLoad, RunColumns, added
+from iolens.analysis.columns import DeviceLoad, RunColumns, Span, added
 from iolens.analysis.pipeline import pipeline_over
 from iolens.analysis.verdict.figures import (
     bursty,
@@ -21,8 +21,6 @@ from iolens.analysis.verdict.figures import (
     input_windows,
     machine_idle,
     num,
-    span_of,
-    train,
     window_of,
     worker_figures,
 )
@@ -50,11 +48,12 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
                 cols: RunColumns) -> None:
     """The input-bound classes. ``cols``: the run's columns, ``timed``'s among them (NOTE
     [columns] in iolens/analysis/columns.py)."""
-    steps, at, devices = cols.steps, cols.timed_at, cols.devices
+    steps = cols.steps
     share = v.data_wait_share or 0.0
     picks = input_windows(steps)
     win = [timed[i] for i in picks]
-    within = {at[i] for i in picks}
+    span = Span(cols, picks)
+    within = span.within()
     window = window_of(win, "input-bound")
     when = f", {window.text()}" if window else ""
     ceiling = ceiling_text(share)
@@ -72,9 +71,7 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
     best: tuple[DeviceLoad, float] | None = None
     names = device_names(win)
     for name in names:
-        if name not in devices:  # (never a map of figures: as device_load, no load)
-            continue
-        load = devices[name].load(within)
+        load = span.load(name, within)
         dev_bytes = load.rkB_s * 1024 * load.secs
         own = min(1.0, job_read / dev_bytes) if dev_bytes > 0 else 0.0
         busy = load.util >= rules.UTIL_SATURATED or (
@@ -112,29 +109,30 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
         if pipe is not None:
             v.evidence.append(fetch_text(pipe))
         saturated_device(v, load, ceiling=ceiling, workers=workers,
-                          iterable=any(train(r).get("iterable_loader") is True for r in win)
+                          iterable=any(steps.iterable[i] for i in picks)
                           or any(d.get("iterable") is True for d in v.loaders),
                           packed=packed_text(v, pipe),
-                          served=served_per_s(win, v.model.whole.batch)
+                          served=served_per_s(span, v.model.whole.batch)
                           if v.model is not None and v.model.whole is not None else 0.0)
     elif (pipe is not None and blocked and not idle_workers
-          and waits_on_storage(pipe, win, v.storage, d_share)):
+          and waits_on_storage(pipe, span, v.storage, d_share)):
         storage_from_inside(v, pipe, win, share=share, when=when, ceiling=ceiling,
                              workers=workers)
     elif pipe is None and d_share >= rules.D_STATE_SHARE and job_read > 0:
+        secs = span.total("secs")
         v.cls = "storage-bound"
-        v.devices = busiest_read(win)
+        v.devices = busiest_read(span, names)
         v.evidence.append(
             f"the job's processes were blocked on I/O (state D) in {d_share * 100:.0f}% of "
-            f"the samples while reading {job_read / max(span_of(win), 1e-9) / 2**20:.1f} MB/s, "
+            f"the samples while reading {job_read / max(secs, 1e-9) / 2**20:.1f} MB/s, "
             f"yet no device they read is saturated: the limit is above the device (a cgroup "
             f"I/O throttle, a network or FUSE filesystem){when}")
         v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
         v.recommendations.append(Recommendation(
             "lift the I/O limit (cgroup io.max / blkio throttle) or copy the dataset to "
             "local storage or RAM first", "reads wait above the block device", ceiling))
-    elif pipe is not None and idle_workers and handover_share(pipe, win) >= rules.HANDOVER_SHARE:
-        handover_bound(v, pipe, win, share=share, when=when, workers=workers)
+    elif pipe is not None and idle_workers and handover_share(pipe, span) >= rules.HANDOVER_SHARE:
+        handover_bound(v, pipe, span, share=share, when=when, workers=workers)
     elif (pipe is not None and on_cpu and not idle_workers) or (pipe is None and workers and (
             worker_cpu >= rules.WORKER_CPU_BUSY or (
                 worker_cpu >= rules.WORKER_CPU_SOME and idle is not None
@@ -236,7 +234,7 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
             v.recommendations.append(Recommendation(
                 f"raise num_workers from {workers} to {target}", why_more, ceiling,
                 change={"num_workers": target}))
-        bursts = bursty(win)
+        bursts = bursty(span)
         if workers and bursts:
             prefetch = max((int(d.get("prefetch_factor") or 2) for d in v.loaders
                             if int(d.get("num_workers") or 0) > 0), default=2)

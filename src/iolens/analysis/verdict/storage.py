@@ -9,9 +9,9 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import DeviceLoad
+from iolens.analysis.columns import DeviceLoad, Span
 from iolens.analysis.pipeline import Pipeline
-from iolens.analysis.verdict.figures import device_load, num, secs_of, train
+from iolens.analysis.verdict.figures import num
 from iolens.analysis.verdict.result import Recommendation, Verdict
 
 
@@ -53,10 +53,10 @@ the model then put the run at 5.25 steps/s against 6.15 measured, and its predic
 scaled by that misfit, 17% higher."""
 
 
-def served_per_s(recs: Sequence[dict[str, Any]], batch: float) -> float:
-    """Samples a second over ``recs``: the batches they timed, of ``batch`` samples."""
-    secs = sum(secs_of(r) for r in recs)
-    return sum(num(train(r), "batches") for r in recs) * batch / secs if secs > 0 else 0.0
+def served_per_s(span: Span, batch: float) -> float:
+    """Samples a second over ``span``: the batches it timed, of ``batch`` samples."""
+    secs = span.total("secs")
+    return span.total("batches") * batch / secs if secs > 0 else 0.0
 
 
 def samples_per_s_of(v: Verdict) -> float:
@@ -222,8 +222,8 @@ def reads_dataset(pipe: Pipeline, storage: Sequence[dict[str, Any]] = ()) -> boo
             or (pipe.disk_bytes_per_sample or 0.0) >= least
             or any(s.get("mapped") for s in storage[:1]))
 
-def waits_on_storage(pipe: Pipeline, win: Sequence[dict[str, Any]],
-                      storage: list[dict[str, Any]], d_share: float) -> bool:
+def waits_on_storage(pipe: Pipeline, span: Span, storage: list[dict[str, Any]],
+                      d_share: float) -> bool:
     """Whether a fetch that blocks off CPU blocks on the dataset's storage.
 
     It must read the dataset. On FUSE or NFS (the mount the most files were opened
@@ -240,6 +240,6 @@ def waits_on_storage(pipe: Pipeline, win: Sequence[dict[str, Any]],
         return True
     if d_share >= rules.D_STATE_SHARE:
         return True
-    loads = [device_load(win, d) for d in (top.get("disks") or [])] if top is not None else []
+    loads = [span.load(d) for d in (top.get("disks") or [])] if top is not None else []
     return any(x.r_await >= rules.AWAIT_SLOW_MS or x.util >= rules.BLOCKED_DEVICE_UTIL
                for x in loads)

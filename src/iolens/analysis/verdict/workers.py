@@ -4,14 +4,11 @@ the hand-over and the epochs' first batches.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import StageColumns
+from iolens.analysis.columns import Span, StageColumns
 from iolens.analysis.pipeline import Pipeline
-from iolens.analysis.verdict.figures import num, part_sum, train
+from iolens.analysis.verdict.figures import num, train
 from iolens.analysis.verdict.result import Recommendation, Verdict
 from iolens.core.words import plural
 
@@ -131,16 +128,14 @@ def epoch_starts_first(v: Verdict, steps: StageColumns) -> None:
                       f"anew (persistent_workers=False): their first batches took {later:.1f} s "
                       f"beyond a steady step, {later / step_s * 100:.0f}% of the step time")
 
-def handover_bound(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *,
-                    share: float, when: str, workers: int) -> None:
-    """The workers keep up: the wait left is the hand-over of each batch or the epochs'
-    starts, which more workers do not shorten."""
+def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
+                   share: float, when: str, workers: int) -> None:
+    """The workers keep up: the wait left over ``span`` is the hand-over of each batch or
+    the epochs' starts, which more workers do not shorten."""
     v.cls = "handover-bound"
-    batches = sum(num(train(r), "batches") for r in win)
-    wait = sum(part_sum(r, "data_wait") for r in win)
+    batches, wait = span.total("batches"), span.total("wait_s")
     hand = pipe.handover_s_per_batch
-    starts = [train(r).get("epoch_start_wait") for r in win]
-    start_s = sum(num(x, "sum_s") for x in starts if isinstance(x, dict))
+    start_s = span.total("start_wait_s")
     v.evidence.append(f"{plural(workers, 'DataLoader worker')} idle "
                       f"{(pipe.worker_idle_share or 0) * 100:.0f}"
                       f"% of their time: they have the batches ready before the loop asks"
