@@ -149,6 +149,8 @@ class StageColumns:
     all_states: tuple[int, ...]
     iterable: tuple[bool, ...]
     """Whether the loop iterated a loader that is not a torch DataLoader."""
+    has_workers: tuple[bool, ...]
+    """Whether the interval recorded the DataLoader workers' figures."""
     helper_b: tuple[tuple[float, ...], ...]
     """Bytes read from devices on the job's behalf by each helper outside it (a local
     server of a network dataset, a FUSE daemon) in the interval, one entry per storage
@@ -236,6 +238,7 @@ class StageColumns:
                     ("all_states", sum(_count(states, k) for k in states)
                      if isinstance(states, dict) else 0),
                     ("iterable", t.get("iterable_loader") is True),
+                    ("has_workers", bool(worker)),
                     ("helper_b", tuple(
                         (amount(f, "server_read_bytes_s") + amount(f, "daemon_read_bytes_s"))
                         * s for f in st.values()) if isinstance(st, dict) else ())):

@@ -16,10 +16,7 @@ from iolens.analysis.verdict.figures import (
     device_names,
     end_of,
     num,
-    secs_of,
-    span_of,
     train,
-    wait_share,
     window_of,
 )
 from iolens.analysis.verdict.ranks import rank_figures, straggler
@@ -74,8 +71,8 @@ def all_findings(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, An
     if slow is not None:
         out.append(slow)
     out += _noisy_neighbors(timed, cols)
-    out += _warm_cache(timed, v)
-    out += _cold_start(timed)
+    out += _warm_cache(timed, cols.steps, v)
+    out += _cold_start(timed, cols.steps)
     out += _epoch_start(cols.steps, v)
     return out
 
@@ -137,20 +134,18 @@ def _noisy_neighbors(timed: Sequence[dict[str, Any]], cols: RunColumns) -> list[
                     "steadier step times")]))
     return out
 
-def _warm_cache(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
+def _warm_cache(timed: Sequence[dict[str, Any]], steps: StageColumns,
+                v: Verdict) -> list[Finding]:
     if v.storage and not v.storage[0].get("page_cache_visible", True):
         # Their reads never reach read_bytes: 1 - read_bytes/rchar would claim a cache
         # hit for every byte (NOTE [dataset folders] in iolens/recorder/storage.py).
         return []
-    role = "worker" if any(((r.get("job") or {}).get("roles") or {}).get("worker")
-                           for r in timed) else "main"
-    rchar = disk = secs = 0.0
-    for r in timed:
-        src = ((r.get("job") or {}).get("roles") or {}).get(role) or {}
-        s = secs_of(r)
-        secs += s
-        rchar += num(src, "rchar_s") * s
-        disk += num(src, "read_bytes_s") * s
+    role = "worker" if any(steps.has_workers) else "main"
+    rates = ((steps.worker_rchar_s, steps.worker_read_s) if role == "worker"
+             else (steps.main_rchar_s, steps.main_read_s))
+    secs = added(steps.secs)
+    rchar = added(x * s for x, s in zip(rates[0], steps.secs, strict=True))
+    disk = added(x * s for x, s in zip(rates[1], steps.secs, strict=True))
     if secs <= 0 or rchar / secs < rules.WARM_CACHE_MIN_RCHAR:
         return []
     hit = max(0.0, 1 - disk / rchar)
@@ -163,25 +158,29 @@ def _warm_cache(timed: Sequence[dict[str, Any]], v: Verdict) -> list[Finding]:
         f"({rchar / secs / 2**20:.1f} MB/s read, {disk / secs / 2**20:.1f} MB/s from disk)."
         + (caveat if v.cls != "storage-bound" else "")], window_of(timed, "warm-cache"))]
 
-def _cold_start(timed: Sequence[dict[str, Any]]) -> list[Finding]:
-    span = span_of(timed)
+def _cold_start(timed: Sequence[dict[str, Any]], steps: StageColumns) -> list[Finding]:
+    span = sum(steps.secs)
     if len(timed) < 5 or span <= 0:
         return []
-    first: list[dict[str, Any]] = []
+    k = 0  # (the first k intervals: the start-up)
     acc = 0.0
-    for r in timed:
+    for s in steps.secs:
         if acc >= rules.COLD_START_SHARE_OF_TIME * span:
             break
-        first.append(r)
-        acc += secs_of(r)
-    rest = list(timed[len(first):])
-    a, b = wait_share(first), wait_share(rest)
+        k += 1
+        acc += s
+
+    def share(part: slice) -> float | None:  # (wait_share() of the part's records)
+        step = added(steps.step_s[part])
+        return added(steps.wait_s[part]) / step if step > 0 else None
+
+    a, b = share(slice(0, k)), share(slice(k, None))
     if a is None or b is None or a < rules.HIGH or a < rules.COLD_START_RATIO * b:
         return []
-    w = window_of(first, "cold-start")
+    w = window_of(timed[:k], "cold-start")
     return [Finding("cold-start", [
         f"the loop waited {a * 100:.0f}% of its step time for data in its first "
-        f"{span_of(first):.0f} s" + (f" ({w.text()})" if w else "")
+        f"{sum(steps.secs[:k]):.0f} s" + (f" ({w.text()})" if w else "")
         + f", then {b * 100:.0f}%: the cache filled or the workers warmed up"], w, [
         Recommendation("judge throughput after the start-up, or warm the cache first "
                        "(read the dataset once, vmtouch)",
