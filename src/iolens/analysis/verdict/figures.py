@@ -1,5 +1,8 @@
-"""The figures the verdict reads out of a run's interval records: time spans, device
-loads, the job's bytes, the loop's timing, the workers' CPU.
+"""The figures the verdict reads of a run: over spans of its columns (NOTE [columns] in
+iolens/analysis/columns.py) the windows, the workers' CPU, the machine's idle, the D states,
+the hand-over and the bursts of waits; out of its records still the few that read a
+record's own maps (a device's load where only records are at hand, a storage entry's
+figures, whether an interval was timed).
 """
 
 from __future__ import annotations
@@ -64,31 +67,6 @@ def device_load(recs: Iterable[dict[str, Any]], name: str) -> DeviceLoad:
         out.r_s, out.w_s = r_ios / out.secs, w_ios / out.secs
         out.r_await = r_wait / r_ios if r_ios else 0.0
         out.w_await = w_wait / w_ios if w_ios else 0.0
-    return out
-
-def job_bytes(recs: Iterable[dict[str, Any]], role: str | None = None) -> tuple[float, float]:
-    """Bytes the job (or one role) read from and wrote to storage over ``recs``."""
-    rd = wr = 0.0
-    for rec in recs:
-        job = rec.get("job") or {}
-        src = (job.get("roles") or {}).get(role) if role else job
-        s = secs_of(rec)
-        rd += num(src, "read_bytes_s") * s
-        wr += num(src, "write_bytes_s") * s
-    return rd, wr
-
-def helper_bytes(recs: Iterable[dict[str, Any]]) -> float:
-    """Bytes read from devices on the job's behalf by processes outside it: the local
-    server of a network dataset, a FUSE daemon (NOTE [network storage] in
-    iolens/recorder/network.py). They are the job's load, seen one step away."""
-    out = 0.0
-    for rec in recs:
-        st = rec.get("storage")
-        if not isinstance(st, dict):
-            continue
-        s = secs_of(rec)
-        for fig in st.values():
-            out += (num(fig, "server_read_bytes_s") + num(fig, "daemon_read_bytes_s")) * s
     return out
 
 def device_names(records: Sequence[dict[str, Any]]) -> list[str]:
@@ -194,9 +172,6 @@ def fuse_waiting(win: Sequence[dict[str, Any]], mount: str) -> float | None:
             and d.get("waiting") is not None]
     secs = sum(s for _, s in vals)
     return sum(v * s for v, s in vals) / secs if secs else None
-
-def span_of(recs: Sequence[dict[str, Any]]) -> float:
-    return sum(secs_of(r) for r in recs)
 
 def busiest_read(span: Span, names: Sequence[str]) -> list[str]:
     """The device of ``names`` that read the most over ``span``."""
