@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from iolens.analysis import model as pm
-from iolens.analysis.columns import DeviceColumns, StageColumns
+from iolens.analysis.columns import DeviceColumns, StageColumns, amount
 from iolens.analysis.model import Figures, Model, rate
 from iolens.analysis.rundata import load_run
 from iolens.analysis.verdict.figures import device_load, device_names, timed_records
@@ -561,6 +561,18 @@ def test_figures_over_picked_columns_are_those_of_the_picked_records(name: str) 
         got = pm.figures(cols, cpus, None, 2, picks)
         assert got == pm.figures([records[i] for i in picks], cpus, None, 2)
         assert got is not None
+
+
+@pytest.mark.parametrize(("value", "figure"), [
+    (1.5, 1.5), (3, 3.0), (True, 1.0), ("2", 2.0), (0.0, 0.0), (-0.0, 0.0), (-1.0, 0.0),
+    (-2, 0.0), (math.nan, 0.0), (math.inf, 0.0), (-math.inf, 0.0), (10**400, 0.0),
+    ("x", 0.0), (None, 0.0), ([1], 0.0), ({"a": 1}, 0.0)])
+def test_a_column_takes_a_finite_non_negative_figure_or_none(value: Any, figure: float) -> None:
+    """What a damaged record holds reads as 0 in every column: nothing raises, nothing
+    negative or infinite is summed."""
+    got = amount({"k": value}, "k")
+    assert got == figure and type(got) is float
+    assert amount(None, "k") == amount([value], "k") == amount({}, "k") == 0.0
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()))

@@ -28,9 +28,15 @@ one by one). This is the first part of the analysis's typed view of a run."""
 
 def amount(d: Any, key: str) -> float:
     """A finite, non-negative figure of ``d``, else 0 (a damaged record hides nothing)."""
+    if not isinstance(d, dict):
+        return 0.0
+    v = d.get(key)
+    if type(v) is float:  # (the most of them: read once per figure per interval)
+        return v if 0.0 < v < math.inf else 0.0  # (NaN is neither)
+    if v is None:
+        return 0.0
     try:
-        v = d.get(key) if isinstance(d, dict) else None
-        f = float(v) if v is not None else 0.0
+        f = float(v)
     except (TypeError, ValueError, OverflowError):  # (an integer beyond any float)
         return 0.0
     return f if math.isfinite(f) and f > 0 else 0.0
