@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -143,3 +144,40 @@ def test_the_verdicts_modules_import_only_those_below_them() -> None:
         assert not wrong, f"{m} imports {wrong}, which are not below it"
         lines = len(modules[name].read_text().splitlines())
         assert lines <= 500, f"{m}.py: {lines} lines"
+
+
+def test_the_reports_path_enters_each_analysis_module_once(tmp_path: Path) -> None:
+    """`iolens report` of a recorded run, traced: the modules of iolens.analysis that code
+    outside it calls (directly, or through the standard library: a cached property),
+    in the order it calls them. The run is read (rundata: its records and its columns),
+    judged (verdict), and reported from its columns: no module is entered twice."""
+    import sys
+
+    from iolens.cli import main
+
+    fixture = Path(__file__).parent / "fixtures" / "runs" / "request-capped-disk"
+    entered: list[str] = []
+
+    def trace(frame: Any, event: str, _: Any) -> None:
+        callee = frame.f_globals.get("__name__", "")
+        if event != "call" or not callee.startswith("iolens.analysis."):
+            return
+        f = frame.f_back
+        while f is not None and not f.f_globals.get("__name__", "").startswith("iolens"):
+            f = f.f_back
+        caller = f.f_globals.get("__name__", "") if f is not None else ""
+        if caller and not caller.startswith("iolens.analysis") and frame.f_code.co_name != (
+                "<module>"):
+            module = callee.split(".")[2]
+            if not entered or entered[-1] != module:
+                entered.append(module)
+
+    main(["report", str(fixture), "--format", "json", "-o", str(tmp_path / "r.json")])  # (imports)
+    sys.setprofile(trace)
+    try:
+        assert main(["report", str(fixture), "--format", "json",
+                     "-o", str(tmp_path / "r.json")]) == 0
+    finally:
+        sys.setprofile(None)
+    assert entered[0] == "rundata" and "verdict" in entered, entered
+    assert len(entered) == len(set(entered)), f"a module entered again: {entered}"

@@ -44,7 +44,10 @@ def build_report(run: RunData) -> dict[str, Any]:
     """The full report of one run."""
     recs = run.records
     meta = run.meta
-    verdict = diagnose(recs, meta, columns=run.columns, devices=run.devices)
+    # The run's views, read once, before anything reads them (NOTE [columns] in
+    # iolens/analysis/columns.py).
+    columns, devices, roles = run.columns, run.devices, run.roles
+    verdict = diagnose(recs, meta, columns=columns, devices=devices)
     vd = verdict.to_dict()
     notes = [*run.notes, *[n for n in meta.get("notes") or [] if isinstance(n, str)]]
     training = _training(run, notes)
@@ -55,8 +58,8 @@ def build_report(run: RunData) -> dict[str, Any]:
         "verdict": vd,
         "findings": [f.to_dict() for f in verdict.findings],
         "training": training,
-        "devices": _devices(run.devices, meta),
-        "processes": _processes(run.roles, meta),
+        "devices": _devices(devices, meta),
+        "processes": _processes(roles, meta),
         "gpus": _gpus(recs, meta),
         "cpu": _cpu(recs),
         "pipeline": _pipeline(run, meta),
