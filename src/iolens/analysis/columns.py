@@ -1,12 +1,14 @@
 """A run's interval figures as typed columns, read once (NOTE [columns]).
 
-:class:`StageColumns` holds what the pipeline's figures and the model's stage costs are
-made of, one entry per interval record: the loop's batches, steps and waits, the epochs'
-starts and the pauses, the processes' CPU, the machine's busy share, the workers' stage
-timing and the bytes they read. Built once from a run's records (or from its resampling
-blocks), any span or pick of intervals is then summed from it without reading a record
-again (:func:`iolens.analysis.pipeline.pipeline_over`,
-:func:`iolens.analysis.model.figures`).
+:class:`StageColumns` holds, one entry per interval record, the loop's batches, steps and
+waits, the epochs' starts and the pauses, the processes' CPU and bytes, the machine's CPU,
+the workers' stage timing and what helpers read for the job; :class:`DeviceColumns` and
+:class:`RoleColumns` each device's and each role's figures, with the indices of the
+intervals that have them. Built once from a run's records (or from the model's resampling
+blocks), any span or pick of intervals is then summed from them without reading a record
+again: the model (:func:`iolens.analysis.model.figures`), the pipeline
+(:func:`iolens.analysis.pipeline.pipeline_over`), the verdict (:class:`RunColumns`, and its
+windows as :class:`Span`) and the report's tables.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ resamples of up to 40 blocks), and was built twice (before and after the storage
 ceiling was known): in a week's report, 1.5 s of 5.3 under a profiler. The columns are
 read from the records once; a figure over a span is a sum over entries, added in the
 records' order (the figures are the same to the last bit as those read from the records
-one by one). This is the first part of the analysis's typed view of a run."""
+one by one: the recorded runs' reports are byte for byte those of the code that read the
+records). The verdict's windows are interval indices into the columns, not lists of
+records. What still reads records: the long run's fold and the model's resampling blocks
+(a Bucket folds records), the network and FUSE branches of the verdict (a storage entry's
+figures), the ranks, the hang and the missing-disk findings (the last intervals), the
+report's GPU and CPU tables and its HTML charts."""
 
 
 def amount(d: Any, key: str) -> float:
