@@ -14,7 +14,7 @@ windows as :class:`Span`) and the report's tables.
 from __future__ import annotations
 
 import math
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -317,30 +317,19 @@ class DeviceColumns:
     @classmethod
     def of(cls, records: Sequence[dict[str, Any]]) -> dict[str, DeviceColumns]:
         """Each device's columns, in the order the records name them."""
-        cols: dict[str, dict[str, list[Any]]] = {}
-        for i, rec in enumerate(records):
-            devs = rec.get("devices") if isinstance(rec, dict) else None
-            if not isinstance(devs, dict) or not devs:
-                continue
-            s = amount(rec, "interval_s")
-            for name, d in devs.items():
-                if not isinstance(d, dict):
-                    continue
-                c = cols.get(name)
-                if c is None:
-                    c = cols[name] = {f: [] for f in cls.__dataclass_fields__ if f != "name"}
-                ri, wi = amount(d, "r_s") * s, amount(d, "w_s") * s
-                util, rkb, wkb = amount(d, "util"), amount(d, "rkB_s"), amount(d, "wkB_s")
-                for f, v in (("at", i), ("secs", s), ("util", util),
-                             ("peak", amount(d, "util_max") if "util_max" in d else util),
-                             ("rkb_s", rkb), ("wkb_s", wkb), ("util_s", util * s),
-                             ("rkb", rkb * s), ("wkb", wkb * s),
-                             ("aqu_s", amount(d, "aqu_sz") * s), ("r_ios", ri), ("w_ios", wi),
-                             ("r_wait", amount(d, "r_await") * ri),
-                             ("w_wait", amount(d, "w_await") * wi)):
-                    c[f].append(v)
-        return {name: cls(name, **{f: tuple(v) for f, v in c.items()})
-                for name, c in cols.items()}
+        return {name: cls(name, **c) for name, c in _by_key(
+            records, lambda rec: rec.get("devices"), cls.__dataclass_fields__,
+            cls._entry).items()}
+
+    @staticmethod
+    def _entry(d: dict[str, Any], s: float) -> Iterable[tuple[str, Any]]:
+        ri, wi = amount(d, "r_s") * s, amount(d, "w_s") * s
+        util, rkb, wkb = amount(d, "util"), amount(d, "rkB_s"), amount(d, "wkB_s")
+        return (("util", util), ("peak", amount(d, "util_max") if "util_max" in d else util),
+                ("rkb_s", rkb), ("wkb_s", wkb), ("util_s", util * s), ("rkb", rkb * s),
+                ("wkb", wkb * s), ("aqu_s", amount(d, "aqu_sz") * s), ("r_ios", ri),
+                ("w_ios", wi), ("r_wait", amount(d, "r_await") * ri),
+                ("w_wait", amount(d, "w_await") * wi))
 
     def load(self, within: Container[int] | None = None) -> DeviceLoad:
         """The device over all its intervals, or those of the run's intervals ``within``
@@ -385,27 +374,42 @@ class RoleColumns:
     @classmethod
     def of(cls, records: Sequence[dict[str, Any]]) -> dict[str, RoleColumns]:
         """Each role's columns, in the order the records name the roles."""
-        cols: dict[str, dict[str, list[Any]]] = {}
-        for i, rec in enumerate(records):
-            job = rec.get("job") if isinstance(rec, dict) else None
-            roles = job.get("roles") if isinstance(job, dict) else None
-            if not isinstance(roles, dict) or not roles:
+        return {name: cls(name, **c) for name, c in _by_key(
+            records, lambda rec: _dict(rec.get("job"), "roles"), cls.__dataclass_fields__,
+            cls._entry).items()}
+
+    @staticmethod
+    def _entry(d: dict[str, Any], s: float) -> Iterable[tuple[str, Any]]:
+        return (("pids", amount(d, "pids")), ("cpu", amount(d, "cpu_pct") * s),
+                ("read", amount(d, "read_bytes_s") * s),
+                ("write", amount(d, "write_bytes_s") * s), ("rchar", amount(d, "rchar_s") * s))
+
+
+def _by_key(records: Sequence[dict[str, Any]], maps: Callable[[dict[str, Any]], Any],
+            fields: Iterable[str],
+            entry: Callable[[dict[str, Any], float], Iterable[tuple[str, Any]]]
+            ) -> dict[str, dict[str, tuple[Any, ...]]]:
+    """For each name of the maps of figures that ``maps`` finds in a record (its devices,
+    its roles), the columns ``entry`` makes of them in each interval that has them, with
+    ``at`` (the interval's index) and ``secs`` (its seconds), in the order the records name
+    them."""
+    cols: dict[str, dict[str, list[Any]]] = {}
+    for i, rec in enumerate(records):
+        named = maps(rec) if isinstance(rec, dict) else None
+        if not isinstance(named, dict) or not named:
+            continue
+        s = amount(rec, "interval_s")
+        for name, d in named.items():
+            if not isinstance(d, dict):
                 continue
-            s = amount(rec, "interval_s")
-            for name, d in roles.items():
-                if not isinstance(d, dict):
-                    continue
-                c = cols.get(name)
-                if c is None:
-                    c = cols[name] = {f: [] for f in cls.__dataclass_fields__ if f != "name"}
-                for f, v in (("at", i), ("secs", s), ("pids", amount(d, "pids")),
-                             ("cpu", amount(d, "cpu_pct") * s),
-                             ("read", amount(d, "read_bytes_s") * s),
-                             ("write", amount(d, "write_bytes_s") * s),
-                             ("rchar", amount(d, "rchar_s") * s)):
-                    c[f].append(v)
-        return {name: cls(name, **{f: tuple(v) for f, v in c.items()})
-                for name, c in cols.items()}
+            c = cols.get(name)
+            if c is None:
+                c = cols[name] = {f: [] for f in fields if f != "name"}
+            c["at"].append(i)
+            c["secs"].append(s)
+            for f, v in entry(d, s):
+                c[f].append(v)
+    return {name: {f: tuple(v) for f, v in c.items()} for name, c in cols.items()}
 
 
 @dataclass(frozen=True)
