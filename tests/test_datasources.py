@@ -295,8 +295,7 @@ def test_a_store_that_answers_slowly_gets_more_requests_in_flight() -> None:
     ([1, 3, 3, 3, 0, 0], [4e6, 4e6, 4e6, 4e6, 0, 0], None),  # a level seen once
 ])
 def test_net_scaling(conns: list[int], rx: list[float], says: str | None) -> None:
-    figs = [({"connections": c, "rx_bytes_s": b}, 1.0) for c, b in zip(conns, rx, strict=True)]
-    assert net_scaling(figs) == says
+    assert net_scaling(zip(map(float, conns), rx, strict=True)) == says
 
 
 def test_advice_asks_for_no_setting_the_loader_has() -> None:

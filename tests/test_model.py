@@ -6,16 +6,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from iolens.analysis import model as pm
-from iolens.analysis.columns import DeviceColumns, StageColumns, amount
+from iolens.analysis.columns import DeviceColumns, DeviceLoad, StageColumns, amount
 from iolens.analysis.model import Figures, Model, rate
 from iolens.analysis.rundata import load_run
-from iolens.analysis.verdict.figures import device_load, device_names, timed_records
+from iolens.analysis.verdict.figures import num, secs_of, timed_records
 
 BASE = Figures(steps_per_s=10.0, compute_s=0.020, handover_s=0.001, batch=16, workers=1,
                fetch_s=0.005, fetch_cpu_s=0.0002, collate_s=0.001, epoch_start_s=0.0,
@@ -573,6 +574,45 @@ def test_a_column_takes_a_finite_non_negative_figure_or_none(value: Any, figure:
     got = amount({"k": value}, "k")
     assert got == figure and type(got) is float
     assert amount(None, "k") == amount([value], "k") == amount({}, "k") == 0.0
+
+
+def device_names(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The test's oracle: the devices the records name, in the order they first do."""
+    names: dict[str, None] = {}
+    for rec in records:
+        for name in rec.get("devices") or {}:
+            names.setdefault(name, None)
+    return list(names)
+
+
+def device_load(recs: Iterable[dict[str, Any]], name: str) -> DeviceLoad:
+    """The test's oracle: one device's averages over ``recs``, read a record at a time;
+    awaits weighted by I/O counts."""
+    out = DeviceLoad(name)
+    r_ios = w_ios = r_wait = w_wait = 0.0
+    util = rkb = wkb = aqu = 0.0
+    for rec in recs:
+        d = (rec.get("devices") or {}).get(name)
+        if not isinstance(d, dict):
+            continue
+        s = secs_of(rec)
+        out.secs += s
+        util += num(d, "util") * s
+        rkb += num(d, "rkB_s") * s
+        wkb += num(d, "wkB_s") * s
+        aqu += num(d, "aqu_sz") * s
+        ri, wi = num(d, "r_s") * s, num(d, "w_s") * s
+        r_ios += ri
+        w_ios += wi
+        r_wait += num(d, "r_await") * ri
+        w_wait += num(d, "w_await") * wi
+    if out.secs > 0:
+        out.util, out.rkB_s, out.wkB_s = util / out.secs, rkb / out.secs, wkb / out.secs
+        out.aqu_sz = aqu / out.secs
+        out.r_s, out.w_s = r_ios / out.secs, w_ios / out.secs
+        out.r_await = r_wait / r_ios if r_ios else 0.0
+        out.w_await = w_wait / w_ios if w_ios else 0.0
+    return out
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()))

@@ -463,6 +463,24 @@ def test_a_blocked_fetch_on_fuse_is_storage_bound_and_names_the_mount() -> None:
     assert not [f for f in v.findings if f.cls == "warm-cache"]
 
 
+def test_the_requests_waiting_on_a_fuse_mount_are_its_window_s_mean_over_time() -> None:
+    """The FUSE connection's waiting requests, averaged over the verdict's window by the
+    intervals' seconds; the intervals that did not read them are left out, as are the
+    intervals outside the window (here the first ten, which waited under 5% of the step)."""
+    records = piped(fetch=0.2, cpu=0.002)
+    for i, r in enumerate(records):
+        if i < 10:
+            r["train"]["data_wait"]["sum_s"] = 0.001  # a calm start: not in the window
+        r["storage"] = {"/mnt/bucket": {"waiting": 100.0 if i < 10 else 2.0 + i % 2}}
+        r["interval_s"] = 2.0 if i % 2 else 1.0
+    del records[20]["storage"]["/mnt/bucket"]["waiting"]  # (even: a 1-second interval)
+    v = diagnose(records, FUSE_META)
+    # the window's 19 intervals: 9 of 1 s waiting 2, 10 of 2 s waiting 3
+    want = (9 * 2.0 + 10 * 2 * 3.0) / (9 + 10 * 2)
+    assert f"{want:.1f} requests waiting on the FUSE connection on average" in v.evidence, \
+        v.evidence
+
+
 def test_only_the_most_opened_mount_is_the_dataset() -> None:
     """An NFS home read once by a library does not make a local dataset remote."""
     meta = {"cpus": 8, "storage": [

@@ -2,13 +2,14 @@
 
 :class:`StageColumns` holds, one entry per interval record, the loop's batches, steps and
 waits, the epochs' starts and the pauses, the processes' CPU and bytes, the machine's CPU,
-the workers' stage timing and what helpers read for the job; :class:`DeviceColumns` and
-:class:`RoleColumns` each device's and each role's figures, with the indices of the
-intervals that have them. Built once from a run's records (or from the model's resampling
-blocks), any span or pick of intervals is then summed from them without reading a record
-again: the model (:func:`iolens.analysis.model.figures`), the pipeline
-(:func:`iolens.analysis.pipeline.pipeline_over`), the verdict (:class:`RunColumns`, and its
-windows as :class:`Span`) and the report's tables.
+the workers' stage timing and what helpers read for the job; :class:`DeviceColumns`,
+:class:`RoleColumns` and :class:`StoreColumns` each device's, each role's and each
+storage entry's figures, with the indices of the intervals that have them. Built once
+from a run's records (or from the model's resampling blocks), any span or pick of
+intervals is then summed from them without reading a record again: the model
+(:func:`iolens.analysis.model.figures`), the pipeline
+(:func:`iolens.analysis.pipeline.pipeline_over`), the verdict (:class:`RunColumns`, and
+its windows as :class:`Span`) and the report's tables.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ records' order (the figures are the same to the last bit as those read from the 
 one by one: the recorded runs' reports are byte for byte those of the code that read the
 records). The verdict's windows are interval indices into the columns, not lists of
 records. What still reads records: the long run's fold and the model's resampling blocks
-(a Bucket folds records), the network and FUSE branches of the verdict (a storage entry's
-figures), the ranks, the hang and the missing-disk findings (the last intervals), the
-report's GPU and CPU tables and its HTML charts."""
+(a Bucket folds records), the ranks, the hang and the missing-disk findings (the last
+intervals), whether any timed interval saw a GPU (the pin_memory advice), the report's GPU
+and CPU tables and its HTML charts."""
 
 
 def amount(d: Any, key: str) -> float:
@@ -333,8 +334,8 @@ class DeviceColumns:
 
     def load(self, within: Container[int] | None = None) -> DeviceLoad:
         """The device over all its intervals, or those of the run's intervals ``within``
-        (as :func:`iolens.analysis.verdict.figures.device_load` over their records: the
-        same sums, in the same order)."""
+        (the sums a loop over their records makes, in the same order: a test holds them
+        to one)."""
         if within is None:
             def col(c: tuple[float, ...]) -> Iterable[float]:
                 return c
@@ -385,6 +386,49 @@ class RoleColumns:
                 ("write", amount(d, "write_bytes_s") * s), ("rchar", amount(d, "rchar_s") * s))
 
 
+@dataclass(frozen=True)
+class StoreColumns:
+    """One storage entry's figures (a FUSE mount's, a network store's peer) of each
+    interval that has it, by column, with the index of each interval among the run's: the
+    requests waiting on the FUSE connection (None where not read), and the connections,
+    new connections and bytes received a second (as the records hold them, finite and
+    non-negative, else 0)."""
+
+    name: str
+    at: tuple[int, ...]
+    secs: tuple[float, ...]
+    waiting: tuple[float | None, ...]
+    connections: tuple[float, ...]
+    new_connections_s: tuple[float, ...]
+    rx_bytes_s: tuple[float, ...]
+
+    @classmethod
+    def of(cls, records: Sequence[dict[str, Any]]) -> dict[str, StoreColumns]:
+        """Each storage entry's columns, in the order the records name them."""
+        return {name: cls(name, **c) for name, c in _by_key(
+            records, lambda rec: rec.get("storage"), cls.__dataclass_fields__,
+            cls._entry).items()}
+
+    @staticmethod
+    def _entry(d: dict[str, Any], s: float) -> Iterable[tuple[str, Any]]:
+        return (("waiting", None if d.get("waiting") is None else amount(d, "waiting")),
+                ("connections", amount(d, "connections")),
+                ("new_connections_s", amount(d, "new_connections_s")),
+                ("rx_bytes_s", amount(d, "rx_bytes_s")))
+
+    def rows(self, within: Container[int]) -> list[int]:
+        """The positions (in these columns) of the intervals ``within`` (run indices)."""
+        return [k for k, i in enumerate(self.at) if i in within]
+
+    def mean(self, column: str, rows: Sequence[int]) -> float | None:
+        """``column`` over ``rows``, weighted by their seconds, the intervals without it
+        left out; None where none has it or they last no time."""
+        col: Sequence[float | None] = getattr(self, column)
+        vals = [(x, self.secs[k]) for k in rows if (x := col[k]) is not None]
+        secs = sum(s for _, s in vals)
+        return sum(x * s for x, s in vals) / secs if secs else None
+
+
 def _by_key(records: Sequence[dict[str, Any]], maps: Callable[[dict[str, Any]], Any],
             fields: Iterable[str],
             entry: Callable[[dict[str, Any], float], Iterable[tuple[str, Any]]]
@@ -422,6 +466,8 @@ class RunColumns:
     devices: dict[str, DeviceColumns]
     timed_at: Sequence[int]
     steps: StageColumns
+    stores: dict[str, StoreColumns]
+    """Each storage entry's columns (a FUSE mount's, a network store's)."""
 
 
 @dataclass(frozen=True)
@@ -449,6 +495,25 @@ class Span:
         if dev is None:
             return DeviceLoad(device)
         return dev.load(self.within() if within is None else within)
+
+    def devices(self, within: Container[int] | None = None) -> list[str]:
+        """The devices the span's intervals name, in the order they first name them."""
+        within = self.within() if within is None else within
+        first: dict[str, int] = {}
+        for name, d in self.cols.devices.items():
+            i = next((i for i in d.at if i in within), None)
+            if i is not None:
+                first[name] = i
+        return sorted(first, key=first.__getitem__)
+
+    def bounds(self) -> tuple[float, float] | None:
+        """When the span's first interval began and its last ended (seconds into the run,
+        the start at 0 or later); None for an empty span."""
+        if not self.picks:
+            return None
+        steps, first = self.cols.steps, self.picks[0]
+        return (max(0.0, steps.elapsed_s[first] - steps.secs[first]),
+                steps.elapsed_s[self.picks[-1]])
 
 
 def added(col: Iterable[float]) -> float:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from iolens.analysis.columns import DeviceLoad
 from iolens.analysis.verdict.classify import diagnose, how_to_try, served_storage
-from iolens.analysis.verdict.figures import device_load, timed_records
+from iolens.analysis.verdict.figures import timed_records
 from iolens.analysis.verdict.ranks import rank_figures, straggler
 from iolens.analysis.verdict.remote import net_scaling
 from iolens.analysis.verdict.result import (
@@ -75,7 +75,6 @@ __all__ = [
     "Window",
     "block_sampled",
     "clock",
-    "device_load",
     "diagnose",
     "fetch_text",
     "how_to_try",

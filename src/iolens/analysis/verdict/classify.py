@@ -12,7 +12,14 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import DeviceColumns, RunColumns, StageColumns, added
+from iolens.analysis.columns import (
+    DeviceColumns,
+    RunColumns,
+    Span,
+    StageColumns,
+    StoreColumns,
+    added,
+)
 from iolens.analysis.model import Model
 from iolens.analysis.verdict.figures import (
     end_of,
@@ -20,6 +27,7 @@ from iolens.analysis.verdict.figures import (
     num,
     part_sum,
     secs_of,
+    span_window,
     train,
     window_of,
 )
@@ -58,7 +66,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     if devices is None or records is not whole:
         devices = DeviceColumns.of(records)
     steps = columns if len(timed_at) == columns.n else columns.take(timed_at)  # (all timed)
-    cols = RunColumns(columns, devices, timed_at, steps)
+    cols = RunColumns(columns, devices, timed_at, steps, StoreColumns.of(records))
     batches = int(sum(steps.batches))
     figures = _figures(columns, steps, meta)
     blind = no_disk_stats(records, meta)
@@ -69,7 +77,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
         v.storage = storage
         return v
     step_s = added(steps.step_s)
-    share = added(steps.wait_s) / step_s if step_s > 0 else 0.0  # (wait_share(timed))
+    share = added(steps.wait_s) / step_s if step_s > 0 else 0.0  # the data wait share
     v = Verdict("compute-bound", severity(share), share, figures=figures,
                 caveat=blind.evidence[0] if blind is not None else None, storage=storage)
     v.probe = probe_for(meta, storage)
@@ -82,7 +90,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     if stall is not None:
         v.cls, v.devices, v.evidence, v.recommendations, v.windows = stall
     elif share < rules.MODERATE:
-        _compute_bound(v, timed)
+        _compute_bound(v, cols)
         epoch_starts_first(v, steps)
     else:
         input_bound(v, timed, meta, cols)
@@ -91,7 +99,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     if batches < rules.MIN_BATCHES:
         v.evidence.append(f"only {plural(batches, 'batch', 'batches')} timed: a longer run "
                           "gives a firmer verdict")
-    v.findings = findings + all_findings(records, timed, cols, v)
+    v.findings = findings + all_findings(records, cols, v)
     hang = next((f for f in v.findings if f.cls == "hang"), None)
     step_s = sum(steps.step_s)
     if hang is not None and num(train(records[-1]), "waiting_s") > step_s:
@@ -331,13 +339,13 @@ def _steps_only(marked: Sequence[dict[str, Any]], marks: int, figures: dict[str,
         "the share of each step spent waiting for data, and a verdict on it"))
     return v
 
-def _compute_bound(v: Verdict, timed: Sequence[dict[str, Any]]) -> None:
+def _compute_bound(v: Verdict, cols: RunColumns) -> None:
     share = v.data_wait_share or 0.0
     step = v.figures.get("step_time_s") or 0.0
     v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data "
                       f"({(v.figures.get('data_wait_s') or 0) * 1000:.1f} ms of a "
                       f"{step * 1000:.1f} ms step), below the {rules.MODERATE * 100:.0f}% mark")
-    w = window_of(timed, "compute-bound")
+    w = span_window(Span(cols, range(cols.steps.n)), "compute-bound")
     if w:
         v.windows.append(w)
     v.recommendations.append(v.fix(

@@ -1,18 +1,18 @@
 """The figures the verdict reads of a run: over spans of its columns (NOTE [columns] in
 iolens/analysis/columns.py) the windows, the workers' CPU, the machine's idle, the D states,
 the hand-over and the bursts of waits; out of its records still the few that read a
-record's own maps (a device's load where only records are at hand, a storage entry's
-figures, whether an interval was timed).
+record's own maps (the devices the findings' intervals name, whether an interval was
+timed).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from iolens.analysis import rules
-from iolens.analysis.columns import DeviceLoad, Span, StageColumns
+from iolens.analysis.columns import Span, StageColumns
 from iolens.analysis.pipeline import Pipeline
 from iolens.analysis.verdict.result import Window
 
@@ -34,47 +34,17 @@ def window_of(recs: Sequence[dict[str, Any]], label: str) -> Window | None:
         return None
     return Window(max(0.0, end_of(recs[0]) - secs_of(recs[0])), end_of(recs[-1]), label)
 
+def span_window(span: Span, label: str) -> Window | None:
+    """:func:`window_of` the span's intervals, from its columns."""
+    bounds = span.bounds()
+    return Window(*bounds, label) if bounds is not None else None
+
 def num(d: Any, key: str) -> float:
     try:
         v = d.get(key) if isinstance(d, dict) else None
         return float(v) if v is not None else 0.0
     except (TypeError, ValueError):
         return 0.0
-
-def device_load(recs: Iterable[dict[str, Any]], name: str) -> DeviceLoad:
-    """Averages of one device's figures over ``recs``; awaits weighted by I/O counts."""
-    out = DeviceLoad(name)
-    r_ios = w_ios = r_wait = w_wait = 0.0
-    util = rkb = wkb = aqu = 0.0
-    for rec in recs:
-        d = (rec.get("devices") or {}).get(name)
-        if not isinstance(d, dict):
-            continue
-        s = secs_of(rec)
-        out.secs += s
-        util += num(d, "util") * s
-        rkb += num(d, "rkB_s") * s
-        wkb += num(d, "wkB_s") * s
-        aqu += num(d, "aqu_sz") * s
-        ri, wi = num(d, "r_s") * s, num(d, "w_s") * s
-        r_ios += ri
-        w_ios += wi
-        r_wait += num(d, "r_await") * ri
-        w_wait += num(d, "w_await") * wi
-    if out.secs > 0:
-        out.util, out.rkB_s, out.wkB_s = util / out.secs, rkb / out.secs, wkb / out.secs
-        out.aqu_sz = aqu / out.secs
-        out.r_s, out.w_s = r_ios / out.secs, w_ios / out.secs
-        out.r_await = r_wait / r_ios if r_ios else 0.0
-        out.w_await = w_wait / w_ios if w_ios else 0.0
-    return out
-
-def device_names(records: Sequence[dict[str, Any]]) -> list[str]:
-    names: dict[str, None] = {}
-    for rec in records:
-        for name in rec.get("devices") or {}:
-            names.setdefault(name, None)
-    return list(names)
 
 def train(rec: dict[str, Any]) -> dict[str, Any]:
     t = rec.get("train")
@@ -90,13 +60,6 @@ def is_timed(rec: dict[str, Any]) -> bool:
 
 def part_sum(rec: dict[str, Any], part: str) -> float:
     return num(train(rec).get(part) or {}, "sum_s")
-
-def wait_share(recs: Iterable[dict[str, Any]]) -> float | None:
-    wait = step = 0.0
-    for r in recs:
-        wait += part_sum(r, "data_wait")
-        step += part_sum(r, "step")
-    return wait / step if step > 0 else None
 
 def worker_figures(c: StageColumns, picks: Sequence[int]) -> tuple[int, float]:
     """Most workers seen at once, and their mean CPU per worker (% of a core) over the
@@ -161,17 +124,6 @@ def bursty(span: Span) -> str | None:
         return None
     return (f"the workers fall behind in bursts: the p95 wait {p95 * 1000:.1f} ms against a "
             f"median {p50 * 1000:.1f} ms")
-
-def peer_figures(win: Sequence[dict[str, Any]], key: str) -> list[tuple[dict[str, Any], float]]:
-    return [(d, secs_of(r)) for r in win
-            if isinstance(d := (r.get("storage") or {}).get(key), dict)]
-
-def fuse_waiting(win: Sequence[dict[str, Any]], mount: str) -> float | None:
-    vals = [(num(d, "waiting"), secs_of(r)) for r in win
-            if isinstance(d := (r.get("storage") or {}).get(mount), dict)
-            and d.get("waiting") is not None]
-    secs = sum(s for _, s in vals)
-    return sum(v * s for v, s in vals) / secs if secs else None
 
 def busiest_read(span: Span, names: Sequence[str]) -> list[str]:
     """The device of ``names`` that read the most over ``span``."""

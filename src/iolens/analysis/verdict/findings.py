@@ -11,11 +11,11 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import RunColumns, StageColumns, added
+from iolens.analysis.columns import RunColumns, Span, StageColumns, added
 from iolens.analysis.verdict.figures import (
-    device_names,
     end_of,
     num,
+    span_window,
     train,
     window_of,
 )
@@ -59,10 +59,10 @@ def hang_finding(records: Sequence[dict[str, Any]]) -> Finding | None:
             "a spawned worker needs the script's `if __name__ == '__main__':` guard",
             f"the loop waited {since:.0f} s for one batch", "a job that fails fast")])
 
-def all_findings(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, Any]],
-                 cols: RunColumns, v: Verdict) -> list[Finding]:
-    """The findings beside the verdict; ``cols``: the run's columns (``timed``'s among
-    them)."""
+def all_findings(records: Sequence[dict[str, Any]], cols: RunColumns,
+                 v: Verdict) -> list[Finding]:
+    """The findings beside the verdict; ``cols``: the run's columns (NOTE [columns] in
+    iolens/analysis/columns.py)."""
     out: list[Finding] = []
     hang = hang_finding(records)
     if hang is not None:
@@ -70,17 +70,17 @@ def all_findings(records: Sequence[dict[str, Any]], timed: Sequence[dict[str, An
     slow = straggler(rank_figures(records))
     if slow is not None:
         out.append(slow)
-    out += _noisy_neighbors(timed, cols)
-    out += _warm_cache(timed, cols.steps, v)
-    out += _cold_start(timed, cols.steps)
+    out += _noisy_neighbors(cols)
+    out += _warm_cache(cols, v)
+    out += _cold_start(cols)
     out += _epoch_start(cols.steps, v)
     return out
 
-def _noisy_neighbors(timed: Sequence[dict[str, Any]], cols: RunColumns) -> list[Finding]:
+def _noisy_neighbors(cols: RunColumns) -> list[Finding]:
     """Devices kept busy by another process."""
     steps, at, devices = cols.steps, cols.timed_at, cols.devices
     out = []
-    names = [n for n in device_names(timed) if n in devices]  # (a figure map each)
+    names = Span(cols, range(steps.n)).devices()
     loops = [n for n in names if n.startswith("loop")]
     span = sum(steps.secs)
     where = {name: dict(zip(devices[name].at, range(len(devices[name].at)), strict=True))
@@ -123,7 +123,7 @@ def _noisy_neighbors(timed: Sequence[dict[str, Any]], cols: RunColumns) -> list[
                     steps.job_write_b[j] for j in busy)
                 if all_bytes and (busy_job + helped) / all_bytes >= rules.JOB_SHARE_OWN:
                     continue
-            w = window_of([timed[hit[0]], timed[hit[-1]]], "noisy-neighbor")
+            w = span_window(Span(cols, (hit[0], hit[-1])), "noisy-neighbor")
             out.append(Finding("noisy-neighbor", [
                 f"{name} {load.util:.0f}% util, {load.rMB_s:.1f} MB/s read and "
                 f"{load.wMB_s:.1f} MB/s written, only {own * 100:.0f}% of it by this job"
@@ -134,12 +134,12 @@ def _noisy_neighbors(timed: Sequence[dict[str, Any]], cols: RunColumns) -> list[
                     "steadier step times")]))
     return out
 
-def _warm_cache(timed: Sequence[dict[str, Any]], steps: StageColumns,
-                v: Verdict) -> list[Finding]:
+def _warm_cache(cols: RunColumns, v: Verdict) -> list[Finding]:
     if v.storage and not v.storage[0].get("page_cache_visible", True):
         # Their reads never reach read_bytes: 1 - read_bytes/rchar would claim a cache
         # hit for every byte (NOTE [dataset folders] in iolens/recorder/storage.py).
         return []
+    steps = cols.steps
     role = "worker" if any(steps.has_workers) else "main"
     rates = ((steps.worker_rchar_s, steps.worker_read_s) if role == "worker"
              else (steps.main_rchar_s, steps.main_read_s))
@@ -153,14 +153,16 @@ def _warm_cache(timed: Sequence[dict[str, Any]], steps: StageColumns,
         return []
     caveat = (" The storage verdict may differ on a cold cache (a first epoch after a "
               "reboot, a dataset larger than RAM).")
+    w = span_window(Span(cols, range(steps.n)), "warm-cache")
     return [Finding("warm-cache", [
         f"{hit * 100:.0f}% of what the {role} processes read came from the page cache "
         f"({rchar / secs / 2**20:.1f} MB/s read, {disk / secs / 2**20:.1f} MB/s from disk)."
-        + (caveat if v.cls != "storage-bound" else "")], window_of(timed, "warm-cache"))]
+        + (caveat if v.cls != "storage-bound" else "")], w)]
 
-def _cold_start(timed: Sequence[dict[str, Any]], steps: StageColumns) -> list[Finding]:
+def _cold_start(cols: RunColumns) -> list[Finding]:
+    steps = cols.steps
     span = sum(steps.secs)
-    if len(timed) < 5 or span <= 0:
+    if steps.n < 5 or span <= 0:
         return []
     k = 0  # (the first k intervals: the start-up)
     acc = 0.0
@@ -170,14 +172,14 @@ def _cold_start(timed: Sequence[dict[str, Any]], steps: StageColumns) -> list[Fi
         k += 1
         acc += s
 
-    def share(part: slice) -> float | None:  # (wait_share() of the part's records)
+    def share(part: slice) -> float | None:  # the part's data wait share
         step = added(steps.step_s[part])
         return added(steps.wait_s[part]) / step if step > 0 else None
 
     a, b = share(slice(0, k)), share(slice(k, None))
     if a is None or b is None or a < rules.HIGH or a < rules.COLD_START_RATIO * b:
         return []
-    w = window_of(timed[:k], "cold-start")
+    w = span_window(Span(cols, range(k)), "cold-start")
     return [Finding("cold-start", [
         f"the loop waited {a * 100:.0f}% of its step time for data in its first "
         f"{sum(steps.secs[:k]):.0f} s" + (f" ({w.text()})" if w else "")

@@ -16,12 +16,11 @@ from iolens.analysis.verdict.figures import (
     busiest_read,
     ceiling_text,
     d_state_share,
-    device_names,
     handover_share,
     input_windows,
     machine_idle,
     num,
-    window_of,
+    span_window,
     worker_figures,
 )
 from iolens.analysis.verdict.remote import network_store, storage_from_inside
@@ -51,13 +50,12 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
     steps = cols.steps
     share = v.data_wait_share or 0.0
     picks = input_windows(steps)
-    win = [timed[i] for i in picks]
     span = Span(cols, picks)
     within = span.within()
-    window = window_of(win, "input-bound")
+    window = span_window(span, "input-bound")
     when = f", {window.text()}" if window else ""
     ceiling = ceiling_text(share)
-    job_read = added(steps.job_read_b[i] for i in picks)  # (job_bytes, helper_bytes of win)
+    job_read = added(steps.job_read_b[i] for i in picks)  # the job's, then its helpers'
     job_read += added(b for i in picks for b in steps.helper_b[i])
     workers, worker_cpu = worker_figures(steps, picks)
     declared = max([int(n) for n in steps.num_workers]
@@ -69,7 +67,7 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
     cpus = int(meta.get("cpus") or 0)
     # storage: the busiest device the job's reads make up, saturated or slow
     best: tuple[DeviceLoad, float] | None = None
-    names = device_names(win)
+    names = span.devices(within)
     for name in names:
         load = span.load(name, within)
         dev_bytes = load.rkB_s * 1024 * load.secs
@@ -96,7 +94,7 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
     if top is not None and top.get("kind") == "network" and pipe is not None and (
             best is not None or (blocked and not idle_workers
                                  and reads_dataset(pipe, v.storage))):
-        network_store(v, pipe, win, top, best[0] if best is not None else None,
+        network_store(v, pipe, span, top, best[0] if best is not None else None,
                        share=share, when=when, ceiling=ceiling, workers=workers)
     elif best is not None:
         load, own = best
@@ -116,7 +114,7 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
                           if v.model is not None and v.model.whole is not None else 0.0)
     elif (pipe is not None and blocked and not idle_workers
           and waits_on_storage(pipe, span, v.storage, d_share)):
-        storage_from_inside(v, pipe, win, share=share, when=when, ceiling=ceiling,
+        storage_from_inside(v, pipe, span, share=share, when=when, ceiling=ceiling,
                              workers=workers)
     elif pipe is None and d_share >= rules.D_STATE_SHARE and job_read > 0:
         secs = span.total("secs")

@@ -5,33 +5,29 @@ FUSE daemons, HTTP and object stores.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import DeviceLoad
+from iolens.analysis.columns import DeviceLoad, Span
 from iolens.analysis.pipeline import Pipeline
-from iolens.analysis.verdict.figures import (
-    device_load,
-    fuse_waiting,
-    num,
-    peer_figures,
-)
+from iolens.analysis.verdict.figures import num
 from iolens.analysis.verdict.result import Recommendation, Verdict
 from iolens.analysis.verdict.storage import probe_rec, samples_per_s_of, store_limited
 from iolens.analysis.verdict.workers import fetch_text, raise_workers
 
 
-def storage_from_inside(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]], *,
+def storage_from_inside(v: Verdict, pipe: Pipeline, span: Span, *,
                          share: float, when: str, ceiling: str, workers: int) -> None:
-    """storage-bound from the workers' own timing: the fetch blocks off CPU while reading
-    the dataset, whatever serves it (a FUSE or NFS mount, a throttled device)."""
+    """storage-bound from the workers' own timing over ``span``: the fetch blocks off CPU
+    while reading the dataset, whatever serves it (a FUSE or NFS mount, a throttled
+    device)."""
     v.cls = "storage-bound"
     where = v.storage[0] if v.storage else None
     if where is not None and where.get("disks"):
         v.devices = [str(d) for d in where["disks"]]
-        load = device_load(win, v.devices[0])
+        load = span.load(v.devices[0])
         what = (f"{where['mount']} ({where['fstype']} on {where['device']}: "
                 f"{load.util:.0f}% util, r_await {load.r_await:.1f} ms, "
                 f"{load.rMB_s:.1f} MB/s)")
@@ -41,7 +37,8 @@ def storage_from_inside(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]
         what = "storage iolens could not map"
     v.evidence.append(f"the fetch blocks off CPU while it reads the dataset from {what}{when}")
     v.evidence.append(fetch_text(pipe))
-    waiting = fuse_waiting(win, where["mount"]) if where is not None else None
+    mount = span.cols.stores.get(str(where["mount"])) if where is not None else None
+    waiting = mount.mean("waiting", mount.rows(span.within())) if mount is not None else None
     if waiting is not None:
         v.evidence.append(f"{waiting:.1f} requests waiting on the FUSE connection on average")
     v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
@@ -101,17 +98,18 @@ def storage_from_inside(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]
         cache.because = "the reads wait though the device is not saturated: the limit is above it"
         v.offer(cache)
 
-def net_scaling(figs: Sequence[tuple[dict[str, Any], float]]) -> str | None:
-    """Whether a network store gives more bytes a second to more connections at once:
+def net_scaling(figs: Iterable[tuple[float, float]]) -> str | None:
+    """Whether a network store gives more bytes a second to more connections at once
+    (``figs``: each interval's connections open and bytes received a second):
     ``latency`` (it does: each request waits on the store's answer), ``capped`` (it does
     not: the store, or the link, caps the throughput), or None when the run's intervals
     do not tell (fewer than two levels of connections, each seen in
     rules.NET_SCALING_INTERVALS intervals or more)."""
     by: dict[int, list[float]] = {}
-    for d, _ in figs:
-        n = int(num(d, "connections"))
+    for conns, rx in figs:
+        n = int(conns)
         if n >= 1:
-            by.setdefault(n, []).append(num(d, "rx_bytes_s"))
+            by.setdefault(n, []).append(rx)
     levels = sorted(n for n, xs in by.items() if len(xs) >= rules.NET_SCALING_INTERVALS)
     if len(levels) < 2:
         return None
@@ -127,27 +125,31 @@ def net_scaling(figs: Sequence[tuple[dict[str, Any], float]]) -> str | None:
         return "latency"
     return None
 
-def network_store(v: Verdict, pipe: Pipeline, win: Sequence[dict[str, Any]],
+def network_store(v: Verdict, pipe: Pipeline, span: Span,
                    where: dict[str, Any], load: DeviceLoad | None, *, share: float,
                    when: str, ceiling: str, workers: int) -> None:
-    """storage-bound on a store the job reads over the network (NOTE [network storage]
+    """storage-bound on a store the job reads over the network over ``span`` (NOTE
+    [network storage]
     in iolens/recorder/network.py). A store whose own disk is saturated (a server on this
     machine), or whose bytes a second do not grow with the connections open, caps the
     throughput: more workers only add requests to its queue. One that gives more to more
     connections answers slowly: more requests in flight help."""
     v.cls = "storage-bound"
     name = str(where.get("mount"))
-    figs = peer_figures(win, str(where.get("peer") or ""))
-    secs = sum(s for _, s in figs) or 1.0
-    rx = sum(num(d, "rx_bytes_s") * s for d, s in figs) / secs
-    conns = sum(num(d, "connections") * s for d, s in figs) / secs
-    new = sum(num(d, "new_connections_s") * s for d, s in figs) / secs
+    peer = span.cols.stores.get(str(where.get("peer") or ""))
+    rows = peer.rows(span.within()) if peer is not None else []
+    figs = [(peer.secs[k], peer.connections[k], peer.rx_bytes_s[k], peer.new_connections_s[k])
+            for k in rows] if peer is not None else []
+    secs = sum(f[0] for f in figs) or 1.0
+    rx = sum(f[2] * f[0] for f in figs) / secs
+    conns = sum(f[1] * f[0] for f in figs) / secs
+    new = sum(f[3] * f[0] for f in figs) / secs
     server = (f", served by {where.get('server') or 'a process'} (pid {where['server_pid']}) "
               "on this machine" if where.get("server_pid") else "")
     v.evidence.append(f"the fetch blocks off CPU while it reads the dataset over the network "
                       f"from {name}{server}: {rx / 2**20:.1f} MB/s received on {conns:.1f} "
                       f"connections open on average, {new:.1f} new a second{when}")
-    scaling = net_scaling(figs)
+    scaling = net_scaling((f[1], f[2]) for f in figs)
     why: str | None = None
     if load is not None:
         v.devices = [load.name]
