@@ -63,6 +63,36 @@ def test_json_report_has_the_documented_fields(tmp_path: Path) -> None:
     assert r["run"]["command"] == ["python", "train.py"] and r["run"]["intervals"] == 40
 
 
+def test_the_gpu_and_cpu_tables_average_the_intervals_that_have_them(tmp_path: Path) -> None:
+    """Each GPU's %util is its mean over the intervals NVML answered (an entry without it,
+    NVML failing, is left out), its memory the most seen; the CPU shares are means over the
+    intervals that recorded them."""
+    records = [rec(i, wait=0.09, devices=SLOW_LOOP, job_read=112 * 64 * 1024)
+               for i in range(12)]
+    for i, r in enumerate(records):
+        r["gpu"] = [{"index": 1, "util_pct": 10.0 * i, "mem_used_bytes": 1000 + i,
+                     "mem_total_bytes": 8000},
+                    {"index": 0, "util_pct": None if i % 3 else 30.0}]
+        r["cpu"] = {"user": 20.0 + i, "system": 5.0, "iowait": 1.0, "idle": 74.0 - i}
+    del records[4]["cpu"]  # an interval without the machine's CPU
+    meta = {**META, "gpu": {"available": True, "reason": None, "names": ["A", "B"]}}
+    out = iolens("report", str(write_run(tmp_path / "run", records, meta)), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    gpus = json.loads(out.stdout)["gpus"]
+    assert gpus["available"] is True and [g["index"] for g in gpus["gpus"]] == [0, 1]
+    assert gpus["gpus"][0] == {"index": 0, "name": "A", "util_pct": 30.0,
+                               "util_max_pct": 30.0, "mem_used_max_bytes": 0,
+                               "mem_total_bytes": 0}
+    assert gpus["gpus"][1]["name"] == "B"
+    assert gpus["gpus"][1]["util_pct"] == 55.0  # (0 + 10 + ... + 110) / 12
+    assert gpus["gpus"][1]["util_max_pct"] == 110.0
+    assert gpus["gpus"][1]["mem_used_max_bytes"] == 1011
+    cpu = json.loads(out.stdout)["cpu"]
+    users = [20.0 + i for i in range(12) if i != 4]
+    assert cpu["user"] == pytest.approx(sum(users) / 11, abs=0.01)
+    assert cpu["system"] == 5.0 and cpu["steal"] == 0.0
+
+
 def test_text_report_shows_the_verdict_and_escapes_run_strings(tmp_path: Path) -> None:
     records = [rec(i, wait=0.09, devices={"[red]x[/red]": SLOW_LOOP["loop0"]},
                    job_read=112 * 64 * 1024) for i in range(30)]

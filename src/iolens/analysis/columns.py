@@ -3,8 +3,9 @@
 :class:`StageColumns` holds, one entry per interval record, the loop's batches, steps and
 waits, the epochs' starts and the pauses, the processes' CPU and bytes, the machine's CPU,
 the workers' stage timing and what helpers read for the job; :class:`DeviceColumns`,
-:class:`RoleColumns` and :class:`StoreColumns` each device's, each role's and each
-storage entry's figures, with the indices of the intervals that have them. Built once
+:class:`RoleColumns`, :class:`StoreColumns` and :class:`GpuColumns` each device's,
+each role's, each storage entry's and each GPU's figures, and :class:`CpuColumns` the
+machine's CPU, with the indices of the intervals that have them. Built once
 from a run's records (or from the model's resampling blocks), any span or pick of
 intervals is then summed from them without reading a record again: the model
 (:func:`iolens.analysis.model.figures`), the pipeline
@@ -30,8 +31,8 @@ one by one: the recorded runs' reports are byte for byte those of the code that 
 records). The verdict's windows are interval indices into the columns, not lists of
 records. What still reads records: the long run's fold and the model's resampling blocks
 (a Bucket folds records), the ranks, the hang and the missing-disk findings (the last
-intervals), whether any timed interval saw a GPU (the pin_memory advice), the report's GPU
-and CPU tables and its HTML charts."""
+intervals), whether any timed interval saw a GPU (the pin_memory advice) and the report's
+HTML charts."""
 
 
 def amount(d: Any, key: str) -> float:
@@ -427,6 +428,65 @@ class StoreColumns:
         vals = [(x, self.secs[k]) for k in rows if (x := col[k]) is not None]
         secs = sum(s for _, s in vals)
         return sum(x * s for x, s in vals) / secs if secs else None
+
+
+@dataclass(frozen=True)
+class CpuColumns:
+    """The machine's CPU time shares (%) of each interval that recorded them, by column,
+    with the index of each interval among the run's (as the records hold them, finite and
+    non-negative, else 0)."""
+
+    at: tuple[int, ...]
+    user: tuple[float, ...]
+    system: tuple[float, ...]
+    iowait: tuple[float, ...]
+    idle: tuple[float, ...]
+    steal: tuple[float, ...]
+
+    SHARES = ("user", "system", "iowait", "idle", "steal")
+
+    @classmethod
+    def of(cls, records: Sequence[dict[str, Any]]) -> CpuColumns:
+        cols: dict[str, list[Any]] = {name: [] for name in ("at", *cls.SHARES)}
+        for i, rec in enumerate(records):
+            c = rec.get("cpu") if isinstance(rec, dict) else None
+            if not isinstance(c, dict) or not c:
+                continue
+            cols["at"].append(i)
+            for name in cls.SHARES:
+                cols[name].append(amount(c, name))
+        return cls(**{k: tuple(v) for k, v in cols.items()})
+
+
+@dataclass(frozen=True)
+class GpuColumns:
+    """One GPU's figures in each interval NVML answered for it, by column: its %util and
+    its memory used and in all (bytes), with the index of each interval among the run's
+    (as the records hold them, finite and non-negative, else 0)."""
+
+    index: int
+    at: tuple[int, ...]
+    util: tuple[float, ...]
+    mem_used: tuple[float, ...]
+    mem_total: tuple[float, ...]
+
+    @classmethod
+    def of(cls, records: Sequence[dict[str, Any]]) -> dict[int, GpuColumns]:
+        """Each GPU's columns, by its index, in the order the records name them; an
+        entry without its %util (NVML failed) is left out."""
+        cols: dict[int, tuple[list[int], list[float], list[float], list[float]]] = {}
+        for i, rec in enumerate(records):
+            gpus = rec.get("gpu") if isinstance(rec, dict) else None
+            for g in gpus if isinstance(gpus, list) else ():
+                if not isinstance(g, dict) or g.get("util_pct") is None:
+                    continue
+                c = cols.setdefault(int(amount(g, "index")), ([], [], [], []))
+                c[0].append(i)
+                c[1].append(amount(g, "util_pct"))
+                c[2].append(amount(g, "mem_used_bytes"))
+                c[3].append(amount(g, "mem_total_bytes"))
+        return {k: cls(k, tuple(at), tuple(util), tuple(used), tuple(total))
+                for k, (at, util, used, total) in cols.items()}
 
 
 def _by_key(records: Sequence[dict[str, Any]], maps: Callable[[dict[str, Any]], Any],

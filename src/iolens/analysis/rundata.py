@@ -11,7 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iolens._errors import IolensError
-from iolens.analysis.columns import DeviceColumns, RoleColumns, StageColumns
+from iolens.analysis.columns import (
+    CpuColumns,
+    DeviceColumns,
+    GpuColumns,
+    RoleColumns,
+    StageColumns,
+)
 from iolens.analysis.longrun import (
     LONG_RUN_RECORDS,
     bucket_records,
@@ -58,6 +64,16 @@ class RunData:
     def roles(self) -> dict[str, RoleColumns]:
         """Each role's figures (the job's processes by role) as columns, read once."""
         return RoleColumns.of(self.records)
+
+    @functools.cached_property
+    def cpu(self) -> CpuColumns:
+        """The machine's CPU shares as columns, read once."""
+        return CpuColumns.of(self.records)
+
+    @functools.cached_property
+    def gpus(self) -> dict[int, GpuColumns]:
+        """Each GPU's figures as columns, read once, by its index."""
+        return GpuColumns.of(self.records)
 
 
 def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS,

@@ -26,7 +26,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from iolens.analysis.columns import DeviceColumns, RoleColumns, added
+from iolens.analysis.columns import (
+    CpuColumns,
+    DeviceColumns,
+    GpuColumns,
+    RoleColumns,
+    added,
+)
 from iolens.analysis.pipeline import pipeline_over, stage_series
 from iolens.analysis.rundata import RunData
 from iolens.analysis.verdict import diagnose, rank_figures
@@ -46,7 +52,7 @@ def build_report(run: RunData) -> dict[str, Any]:
     meta = run.meta
     # The run's views, read once, before anything reads them (NOTE [columns] in
     # iolens/analysis/columns.py).
-    columns, devices, roles = run.columns, run.devices, run.roles
+    columns, devices, roles, cpu, gpus = run.columns, run.devices, run.roles, run.cpu, run.gpus
     verdict = diagnose(recs, meta, columns=columns, devices=devices)
     vd = verdict.to_dict()
     notes = [*run.notes, *[n for n in meta.get("notes") or [] if isinstance(n, str)]]
@@ -60,8 +66,8 @@ def build_report(run: RunData) -> dict[str, Any]:
         "training": training,
         "devices": _devices(devices, meta),
         "processes": _processes(roles, meta),
-        "gpus": _gpus(recs, meta),
-        "cpu": _cpu(recs),
+        "gpus": _gpus(gpus, meta),
+        "cpu": _cpu(cpu),
         "pipeline": _pipeline(run, meta),
         "storage": [s for s in meta.get("storage") or [] if isinstance(s, dict)],
         "autotune": autotune(meta),
@@ -294,29 +300,17 @@ def _processes(roles: dict[str, RoleColumns], meta: dict[str, Any]) -> dict[str,
     return out
 
 
-def _gpus(recs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+def _gpus(per: dict[int, GpuColumns], meta: dict[str, Any]) -> dict[str, Any]:
     info = meta.get("gpu") if isinstance(meta.get("gpu"), dict) else {}
     names = info.get("names") or [] if isinstance(info, dict) else []
-    per: dict[int, dict[str, list[float]]] = {}
-    for r in recs:
-        for g in r.get("gpu") or []:
-            if not isinstance(g, dict) or g.get("util_pct") is None:  # None: NVML failed
-                continue
-            p = per.setdefault(int(g.get("index", 0)), {"util": [], "mem": [], "total": []})
-            p["util"].append(float(g["util_pct"]))
-            p["mem"].append(float(g.get("mem_used_bytes") or 0))
-            p["total"].append(float(g.get("mem_total_bytes") or 0))
     gpus = [{
-        "index": i, "name": names[i] if i < len(names) else None,
-        "util_pct": _r(_mean(p["util"]), 2), "util_max_pct": _r(max(p["util"]), 2),
-        "mem_used_max_bytes": int(max(p["mem"])), "mem_total_bytes": int(max(p["total"])),
-    } for i, p in sorted(per.items())]
+        "index": i, "name": names[i] if 0 <= i < len(names) else None,
+        "util_pct": _r(_mean(g.util), 2), "util_max_pct": _r(max(g.util), 2),
+        "mem_used_max_bytes": int(max(g.mem_used)), "mem_total_bytes": int(max(g.mem_total)),
+    } for i, g in sorted(per.items())]
     return {"available": bool(info.get("available")) if isinstance(info, dict) else False,
             "reason": info.get("reason") if isinstance(info, dict) else None, "gpus": gpus}
 
 
-def _cpu(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("user", "system", "iowait", "idle", "steal")
-    rows = [r.get("cpu") for r in recs if isinstance(r.get("cpu"), dict) and r.get("cpu")]
-    return {k: _r(_mean([float(c.get(k) or 0) for c in rows if isinstance(c, dict)]), 2)
-            for k in keys}
+def _cpu(cpu: CpuColumns) -> dict[str, Any]:
+    return {k: _r(_mean(getattr(cpu, k)), 2) for k in CpuColumns.SHARES}
