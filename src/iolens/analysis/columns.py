@@ -3,9 +3,10 @@
 :class:`StageColumns` holds, one entry per interval record, the loop's batches, steps and
 waits, the epochs' starts and the pauses, the processes' CPU and bytes, the machine's CPU,
 the workers' stage timing and what helpers read for the job; :class:`DeviceColumns`,
-:class:`RoleColumns`, :class:`StoreColumns` and :class:`GpuColumns` each device's,
-each role's, each storage entry's and each GPU's figures, and :class:`CpuColumns` the
-machine's CPU, with the indices of the intervals that have them. Built once
+:class:`RoleColumns`, :class:`StoreColumns`, :class:`RankColumns` and
+:class:`GpuColumns` each device's, each role's, each storage entry's, each rank's and each
+GPU's figures, and :class:`CpuColumns` the machine's CPU, with the indices of the
+intervals that have them. Built once
 from a run's records (or from the model's resampling blocks), any span or pick of
 intervals is then summed from them without reading a record again: the model
 (:func:`iolens.analysis.model.figures`), the pipeline
@@ -30,9 +31,9 @@ records' order (the figures are the same to the last bit as those read from the 
 one by one: the recorded runs' reports are byte for byte those of the code that read the
 records). The verdict's windows are interval indices into the columns, not lists of
 records. What still reads records: the long run's fold and the model's resampling blocks
-(a Bucket folds records), the ranks, the hang and the missing-disk findings (the last
-intervals), whether any timed interval saw a GPU (the pin_memory advice) and the report's
-HTML charts."""
+(a Bucket folds records), the hang and the missing-disk findings (the last intervals),
+whether any timed interval saw a GPU (the pin_memory advice), the report's HTML charts
+and `iolens compare`."""
 
 
 def amount(d: Any, key: str) -> float:
@@ -431,6 +432,32 @@ class StoreColumns:
 
 
 @dataclass(frozen=True)
+class RankColumns:
+    """One rank's figures (a multi-rank job's, as its own loop timed them) of each
+    interval that has it, by column: the batches and the seconds of data wait and of step
+    (as the records hold them, finite and non-negative, else 0)."""
+
+    name: str
+    at: tuple[int, ...]
+    secs: tuple[float, ...]
+    batches: tuple[float, ...]
+    wait_s: tuple[float, ...]
+    step_s: tuple[float, ...]
+
+    @classmethod
+    def of(cls, records: Sequence[dict[str, Any]]) -> dict[str, RankColumns]:
+        """Each rank's columns, in the order the records name the ranks."""
+        return {name: cls(name, **c) for name, c in _by_key(
+            records, lambda rec: _train(rec).get("ranks"), cls.__dataclass_fields__,
+            cls._entry).items()}
+
+    @staticmethod
+    def _entry(d: dict[str, Any], s: float) -> Iterable[tuple[str, Any]]:
+        return (("batches", amount(d, "batches")), ("wait_s", amount(d, "data_wait_s")),
+                ("step_s", amount(d, "step_s")))
+
+
+@dataclass(frozen=True)
 class CpuColumns:
     """The machine's CPU time shares (%) of each interval that recorded them, by column,
     with the index of each interval among the run's (as the records hold them, finite and
@@ -528,6 +555,8 @@ class RunColumns:
     steps: StageColumns
     stores: dict[str, StoreColumns]
     """Each storage entry's columns (a FUSE mount's, a network store's)."""
+    ranks: dict[str, RankColumns]
+    """Each rank's columns (a multi-rank job's)."""
 
 
 @dataclass(frozen=True)

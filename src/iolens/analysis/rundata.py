@@ -15,6 +15,7 @@ from iolens.analysis.columns import (
     CpuColumns,
     DeviceColumns,
     GpuColumns,
+    RankColumns,
     RoleColumns,
     StageColumns,
 )
@@ -64,6 +65,11 @@ class RunData:
     def roles(self) -> dict[str, RoleColumns]:
         """Each role's figures (the job's processes by role) as columns, read once."""
         return RoleColumns.of(self.records)
+
+    @functools.cached_property
+    def ranks(self) -> dict[str, RankColumns]:
+        """Each rank's figures (a multi-rank job's) as columns, read once."""
+        return RankColumns.of(self.records)
 
     @functools.cached_property
     def cpu(self) -> CpuColumns:

@@ -52,8 +52,9 @@ def build_report(run: RunData) -> dict[str, Any]:
     meta = run.meta
     # The run's views, read once, before anything reads them (NOTE [columns] in
     # iolens/analysis/columns.py).
-    columns, devices, roles, cpu, gpus = run.columns, run.devices, run.roles, run.cpu, run.gpus
-    verdict = diagnose(recs, meta, columns=columns, devices=devices)
+    columns, devices, roles, ranks = run.columns, run.devices, run.roles, run.ranks
+    cpu, gpus = run.cpu, run.gpus
+    verdict = diagnose(recs, meta, columns=columns, devices=devices, ranks=ranks)
     vd = verdict.to_dict()
     notes = [*run.notes, *[n for n in meta.get("notes") or [] if isinstance(n, str)]]
     training = _training(run, notes)
@@ -199,7 +200,7 @@ def _training(run: RunData, notes: list[str]) -> dict[str, Any]:
                 "p95_s": _r(_weighted_pct([(p95[i], n[i]) for i in timed], 0.95), 6),
                 "max_s": _r(max((most[i] for i in timed), default=0.0), 6),
             }
-    ranks = rank_figures(run.records, run.meta.get("host"))
+    ranks = rank_figures(run.ranks, run.meta.get("host"))
     if ranks:
         out["ranks"] = ranks
     step_sum = out["step"].get("sum_s") or 0

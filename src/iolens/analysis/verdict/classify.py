@@ -14,6 +14,7 @@ from iolens.analysis import model as pm
 from iolens.analysis import rules
 from iolens.analysis.columns import (
     DeviceColumns,
+    RankColumns,
     RunColumns,
     Span,
     StageColumns,
@@ -52,10 +53,11 @@ from iolens.training import overrides
 
 def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = None, *,
              columns: StageColumns | None = None,
-             devices: dict[str, DeviceColumns] | None = None) -> Verdict:
+             devices: dict[str, DeviceColumns] | None = None,
+             ranks: dict[str, RankColumns] | None = None) -> Verdict:
     """The verdict over a run's records (in order). ``meta`` adds the CPU count and notes;
-    ``columns`` and ``devices``: the records' columns and their devices' where the caller
-    has read them (NOTE [columns] in iolens/analysis/columns.py)."""
+    ``columns``, ``devices`` and ``ranks``: the records' columns, their devices' and their
+    ranks' where the caller has read them (NOTE [columns] in iolens/analysis/columns.py)."""
     meta = meta or {}
     whole = records
     records, tuned = _tuned_part(records, meta)
@@ -65,8 +67,10 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
         columns = StageColumns.of(records)
     if devices is None or records is not whole:
         devices = DeviceColumns.of(records)
+    if ranks is None or records is not whole:
+        ranks = RankColumns.of(records)
     steps = columns if len(timed_at) == columns.n else columns.take(timed_at)  # (all timed)
-    cols = RunColumns(columns, devices, timed_at, steps, StoreColumns.of(records))
+    cols = RunColumns(columns, devices, timed_at, steps, StoreColumns.of(records), ranks)
     batches = int(sum(steps.batches))
     figures = _figures(columns, steps, meta)
     blind = no_disk_stats(records, meta)

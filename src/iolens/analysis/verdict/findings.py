@@ -67,7 +67,7 @@ def all_findings(records: Sequence[dict[str, Any]], cols: RunColumns,
     hang = hang_finding(records)
     if hang is not None:
         out.append(hang)
-    slow = straggler(rank_figures(records))
+    slow = straggler(rank_figures(cols.ranks))
     if slow is not None:
         out.append(slow)
     out += _noisy_neighbors(cols)

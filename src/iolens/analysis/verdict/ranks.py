@@ -8,22 +8,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from iolens.analysis import rules
-from iolens.analysis.verdict.figures import num, train
+from iolens.analysis.columns import RankColumns, added
 from iolens.analysis.verdict.result import Finding, Recommendation
 
 
-def rank_figures(records: Sequence[dict[str, Any]], host: str | None = None
+def rank_figures(ranks: dict[str, RankColumns], host: str | None = None
                  ) -> list[dict[str, Any]]:
-    """Per rank over the run: batches, data wait and step seconds, share (multi-rank jobs)."""
-    acc: dict[str, list[float]] = {}
-    for r in records:
-        for rank, d in (train(r).get("ranks") or {}).items():
-            a = acc.setdefault(str(rank), [0.0, 0.0, 0.0])
-            a[0] += num(d, "batches")
-            a[1] += num(d, "data_wait_s")
-            a[2] += num(d, "step_s")
+    """Per rank over the run (its ``ranks``' columns): batches, data wait and step seconds,
+    share (multi-rank jobs)."""
     out = []
-    for rank, (n, wait, step) in sorted(acc.items(), key=lambda kv: _rank_key(kv[0])):
+    for rank, c in sorted(ranks.items(), key=lambda kv: _rank_key(kv[0])):
+        n, wait, step = added(c.batches), added(c.wait_s), added(c.step_s)
         out.append({"rank": rank, "host": host, "batches": int(n), "data_wait_s": round(wait, 6),
                     "step_s": round(step, 6),
                     "data_wait_share": round(wait / step, 4) if step > 0 else None,
