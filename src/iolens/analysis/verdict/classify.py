@@ -73,7 +73,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     cols = RunColumns(columns, devices, timed_at, steps, StoreColumns.of(records), ranks)
     batches = int(sum(steps.batches))
     figures = _figures(columns, steps, meta)
-    blind = no_disk_stats(records, meta)
+    blind = no_disk_stats(columns, devices, meta)
     findings = [blind] if blind is not None else []
     storage = served_storage(meta)
     if batches == 0:

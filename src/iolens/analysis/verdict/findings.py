@@ -11,9 +11,8 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import RunColumns, Span, StageColumns, added
+from iolens.analysis.columns import DeviceColumns, RunColumns, Span, StageColumns, added
 from iolens.analysis.verdict.figures import (
-    end_of,
     num,
     span_window,
     train,
@@ -249,24 +248,25 @@ def _epoch_start(steps: StageColumns, v: Verdict) -> list[Finding]:
 _BLIND = ("the verdict rests on the training loop's timing (data wait share, step time) and "
           "the job's processes alone")
 
-def no_disk_stats(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> Finding | None:
+def no_disk_stats(run: StageColumns, devices: dict[str, DeviceColumns],
+                  meta: dict[str, Any]) -> Finding | None:
     """The ``no-disk-stats`` finding when device figures are missing for the whole run or
-    stopped partway (the recorder's note says why), else None."""
+    stopped partway (the recorder's note says why), else None. ``run``: the run's
+    intervals' columns, ``devices`` its devices'."""
     notes = [n for n in meta.get("notes") or [] if isinstance(n, str)]
-    seen = [i for i, r in enumerate(records) if r.get("devices")]
-    if seen:
+    if any(d.at for d in devices.values()):
         stopped = next((n for n in notes if n.startswith("device statistics stopped")), None)
-        last = seen[-1]
-        if stopped is None or last == len(records) - 1:
+        last = max(d.at[-1] for d in devices.values() if d.at)
+        if stopped is None or last == run.n - 1:
             return None
-        at = end_of(records[last])
-        w = Window(at, end_of(records[-1]), "no-disk-stats")
+        at = run.elapsed_s[last]
+        w = Window(at, run.elapsed_s[-1], "no-disk-stats")
         return Finding("no-disk-stats", [
             f"{stopped} (at {clock(at)}); from then on {_BLIND}"], w)
     why = next((n for n in notes if "statistic" in n), None)
     if why is not None:
         why = why.removesuffix(": no device statistics on this system")
-    elif records and meta.get("disk_source") is not None:
+    elif run.n and meta.get("disk_source") is not None:
         why = "no watched device had figures (none serves the job's files?)"
     return Finding("no-disk-stats", [
         f"no device statistics: {why or 'none were recorded'}; {_BLIND}"])
