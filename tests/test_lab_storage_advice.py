@@ -223,6 +223,9 @@ def test_a_limit_above_the_device_is_found_from_the_wait_and_its_cache_holds(
             after.append(float(rep["verdict"]["figures"]["steps_per_s"]))
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+    # Two clean-clone CI runs predicted 132 and 135 steps/s for 165-169 measured, from a
+    # hand-over timed while the loop waited (NOTE [the loop's own hand-over] in
+    # iolens/analysis/model/records.py); bounded by the loop's CPU, 165 for 168.
     p = cache["prediction"]
     print(f"\nlab: a limit above the device, {p['now_steps_per_s']:.1f} steps/s; cache "
           f"predicted {p['steps_per_s']:.1f} ({p['low']:.1f}-{p['high']:.1f}); measured {after}")

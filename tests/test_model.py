@@ -15,6 +15,7 @@ import pytest
 from iolens.analysis import model as pm
 from iolens.analysis.columns import DeviceColumns, DeviceLoad, StageColumns, amount
 from iolens.analysis.model import Figures, Model, rate
+from iolens.analysis.pipeline import pipeline
 from iolens.analysis.rundata import load_run
 from iolens.analysis.verdict.figures import num, secs_of, timed_records
 
@@ -122,6 +123,32 @@ def test_a_run_is_modelled_from_its_records() -> None:
     assert f.cores == pytest.approx(2.0)  # nothing else on the machine
     assert m.now is not None and m.now.limit == "workers"
     assert m.fit is not None and m.fit < 0.02  # 1 / 81 ms is what was measured
+
+
+@pytest.mark.parametrize(("idle_s", "main_pct", "want_ms"), [
+    (0.0, 2.0, 1.0),  # busy workers, 1 ms of the loop's CPU a batch: that bounds it
+    (0.0, 10.0, 1.5),  # a loop with 5 ms of CPU a batch: the hand-over as timed
+    (0.0, 0.0, 1.5),  # the loop's CPU not recorded: as timed
+    (0.2, 2.0, None),  # workers idle part of the time: in proportion
+])
+def test_the_loops_own_hand_over_is_bounded_by_its_cpu_where_the_workers_are_busy(
+        idle_s: float, main_pct: float, want_ms: float | None) -> None:
+    """NOTE [the loop's own hand-over]: the hand-over timed while the loop waited for busy
+    workers holds their sending, which overlaps the step once they are ahead."""
+    records = [interval(i) for i in range(20)]
+    for r in records:
+        pipe = r["train"]["pipeline"]
+        pipe["handover"] = {"count": 20, "sum_s": 0.0015 * 20}
+        pipe["idle_s"] = idle_s * 20
+        r["job"]["roles"]["main"]["cpu_pct"] = main_pct
+    f = pm.figures(records, 2)
+    assert f is not None
+    if want_ms is None:
+        pipe = pipeline(records, {"cpus": 2})
+        idle = pipe.worker_idle_share if pipe is not None else None
+        assert idle is not None and 0 < idle < 1
+        want_ms = idle * 1.5 + (1 - idle) * 1.0
+    assert f.handover_s * 1000 == pytest.approx(want_ms)
 
 
 def test_the_worker_count_reaches_the_next_limit_not_a_doubling() -> None:
