@@ -32,8 +32,9 @@ one by one: the recorded runs' reports are byte for byte those of the code that 
 records). The verdict's windows are interval indices into the columns, not lists of
 records. What still reads records: the long run's fold and the model's resampling blocks
 (a Bucket folds records), the hang and the missing-disk findings (the last intervals),
-whether any timed interval saw a GPU (the pin_memory advice), the report's HTML charts
-and `iolens compare`."""
+whether any timed interval saw a GPU (the pin_memory advice) and the report's HTML
+charts. `iolens compare` reads each run's columns (its interval samples, its per-interval
+distributions, the pipeline of its proof) and hands them to the verdicts."""
 
 
 def amount(d: Any, key: str) -> float:
@@ -104,6 +105,8 @@ class StageColumns:
     wait_count: tuple[int, ...]
     loader: tuple[bool, ...]
     """Whether the interval's steps were timed at the DataLoader (not marked by hand)."""
+    marks: tuple[bool, ...]
+    """Whether they were marked by hand (``iolens.step()``)."""
     epochs: tuple[float, ...]
     """Epochs started in the interval."""
     num_workers: tuple[float, ...]
@@ -167,6 +170,8 @@ class StageColumns:
     """Whether the loop iterated a loader that is not a torch DataLoader."""
     has_workers: tuple[bool, ...]
     """Whether the interval recorded the DataLoader workers' figures."""
+    has_job: tuple[bool, ...]
+    """Whether it recorded the job's processes' figures."""
     helper_b: tuple[tuple[float, ...], ...]
     """Bytes read from devices on the job's behalf by each helper outside it (a local
     server of a network dataset, a FUSE daemon) in the interval, one entry per storage
@@ -210,6 +215,7 @@ class StageColumns:
                     ("step_count", int(amount(t.get("step"), "count"))),
                     ("wait_count", int(amount(t.get("data_wait"), "count"))),
                     ("loader", t.get("step_source") == "dataloader"),
+                    ("marks", t.get("step_source") == "marks"),
                     ("epochs", amount(t, "epochs_started")),
                     ("num_workers", amount(t, "num_workers")),
                     ("start_count", amount(sw, "count")),
@@ -255,6 +261,7 @@ class StageColumns:
                      if isinstance(states, dict) else 0),
                     ("iterable", t.get("iterable_loader") is True),
                     ("has_workers", bool(worker)),
+                    ("has_job", isinstance(job, dict)),
                     ("helper_b", tuple(
                         (amount(f, "server_read_bytes_s") + amount(f, "daemon_read_bytes_s"))
                         * s for f in st.values()) if isinstance(st, dict) else ())):

@@ -13,11 +13,11 @@ HELD_TOLERANCE of it; one that fails is a bug of the model to learn from.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from iolens.analysis import model as pm
-from iolens.analysis.pipeline import pipeline
+from iolens.analysis.columns import StageColumns
+from iolens.analysis.pipeline import pipeline_over
 from iolens.analysis.verdict import Verdict, block_sampled
 
 HELD_TOLERANCE = 0.25
@@ -42,9 +42,11 @@ def _top(v: dict[str, Any]) -> dict[str, Any]:
     return _dict(s[0]) if s else {}
 
 
-def changes(before: Verdict, after: Verdict, before_records: Sequence[dict[str, Any]],
-            after_records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """What AFTER changed against BEFORE, in the keys of a recommendation's ``change``."""
+def changes(before: Verdict, after: Verdict, before_cols: StageColumns,
+            after_cols: StageColumns) -> dict[str, Any]:
+    """What AFTER changed against BEFORE, in the keys of a recommendation's ``change``
+    (``before_cols``, ``after_cols``: the runs' columns, NOTE [columns] in
+    iolens/analysis/columns.py)."""
     out: dict[str, Any] = {}
     mb, ma = before.model, after.model
     fb = mb.whole if mb is not None else None
@@ -72,7 +74,7 @@ def changes(before: Verdict, after: Verdict, before_records: Sequence[dict[str, 
         if fb.handover_s > 0 and fa.handover_s <= CHANGED * fb.handover_s and (
                 fa.workers == fb.workers):
             out["handover"] = round(fa.handover_s / fb.handover_s, 3)
-    pb, pa = pipeline(before_records), pipeline(after_records)
+    pb, pa = (pipeline_over(c, range(c.n)) for c in (before_cols, after_cols))
     files_b = pb.files_per_sample if pb is not None else None
     files_a = pa.files_per_sample if pa is not None else None
     if files_b and files_a is not None and files_a <= PACKED * files_b:
@@ -148,13 +150,12 @@ def _recs(v: Verdict) -> list[Any]:
         r for f in v.findings for r in f.recommendations]
 
 
-def prove(before: Verdict, after: Verdict, before_records: Sequence[dict[str, Any]],
-          after_records: Sequence[dict[str, Any]], throughput: dict[str, Any] | None
-          ) -> dict[str, Any]:
+def prove(before: Verdict, after: Verdict, before_cols: StageColumns,
+          after_cols: StageColumns, throughput: dict[str, Any] | None) -> dict[str, Any]:
     """The ``prediction`` object of ``iolens compare``: the change found, the prediction
     BEFORE made for it, the throughput AFTER measured with its interval, and whether the
     prediction held; or why there is none (``{"change": ..., "why": ...}``)."""
-    found = changes(before, after, before_records, after_records)
+    found = changes(before, after, before_cols, after_cols)
     if not found:
         return {"change": found, "why": "NEW changes nothing the verdict predicts for "
                 "(num_workers, the storage, a pack, the CPU per sample, the hand-over, the "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iolens._errors import IolensError
+from iolens.analysis.columns import StageColumns
 from iolens.analysis.compare.blocks import (
     RESAMPLES,
     SEED,
@@ -29,8 +30,6 @@ from iolens.analysis.compare.samples import (
     MAX_BATCHES,
     BatchSamples,
     IntervalSamples,
-    _dict,
-    _num,
     interval_samples,
     read_batches,
 )
@@ -113,23 +112,21 @@ def _weighted_pct(pairs: list[tuple[float, float]], q: float) -> float | None:
     return None
 
 
-def _dist_intervals(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    timed = [t for r in records if isinstance(t := r.get("train"), dict)
-             and t.get("step_source") == "dataloader" and _num(t, "batches") > 0]
+def _dist_intervals(c: StageColumns) -> dict[str, Any]:
+    timed = [i for i in range(c.n) if c.loader[i] and c.batches[i] > 0]
     out: dict[str, Any] = {"source": INTERVALS}
-    for part in ("step", "data_wait"):
-        ds = [t.get(part) or {} for t in timed]
-        n = sum(_num(d, "count") for d in ds)
-        total = sum(_num(d, "sum_s") for d in ds)
+    for part, count, total_s, p50, p95, most in (
+            ("step", c.step_count, c.step_s, c.step_p50_s, c.step_p95_s, c.step_max_s),
+            ("data_wait", c.wait_count, c.wait_s, c.wait_p50_s, c.wait_p95_s, c.wait_max_s)):
+        n = sum(float(count[i]) for i in timed)
+        total = sum(total_s[i] for i in timed)
         out[part] = {
             "count": int(n), "mean_s": _round(total / n) if n else None,
-            "p50_s": _round(_weighted_pct([(_num(d, "p50_s"), _num(d, "count")) for d in ds],
-                                          0.5)),
-            "p95_s": _round(_weighted_pct([(_num(d, "p95_s"), _num(d, "count")) for d in ds],
-                                          0.95)),
-            "max_s": _round(max((_num(d, "max_s") for d in ds), default=0.0)) if ds else None,
+            "p50_s": _round(_weighted_pct([(p50[i], float(count[i])) for i in timed], 0.5)),
+            "p95_s": _round(_weighted_pct([(p95[i], float(count[i])) for i in timed], 0.95)),
+            "max_s": _round(max((most[i] for i in timed), default=0.0)) if timed else None,
         }
-    step_sum = sum(_num(t.get("step"), "sum_s") for t in timed)
+    step_sum = sum(c.step_s[i] for i in timed)
     out["steps_per_s"] = _round(out["step"]["count"] / step_sum, 3) if step_sum else None
     return out
 
@@ -147,7 +144,7 @@ def _side(run: RunData, batches: BatchSamples | None, iv: IntervalSamples,
         source, count, every, dist = BATCHES, batches.total, batches.every, _dist_exact(batches)
     else:
         source, count, every = INTERVALS, int(sum(iv.batches)), 1
-        dist = _dist_intervals(run.records)
+        dist = _dist_intervals(run.columns)
     dist["same_kind"], dist["note"] = True, None
     given = meta.get("set")
     return RunSide(os.path.abspath(run.path), source, count, len(run.records), every,
@@ -316,7 +313,7 @@ def compare_runs(base: RunData, new: RunData, *, resamples: int = RESAMPLES,
         if not run.records and batches is None:
             raise IolensError(f"{label} {run.path}: the run is empty (no interval records and "
                               "no timed batches)")
-        sides.append((batches, interval_samples(run.records)))
+        sides.append((batches, interval_samples(run.columns, run.devices)))
     (bb, ib), (bn, inn) = sides
     warnings: list[str] = []
     # Each run's best figures, independently: every batch where it has them.
@@ -380,12 +377,13 @@ def compare_runs(base: RunData, new: RunData, *, resamples: int = RESAMPLES,
         code = run.meta.get("exit_code")
         if isinstance(code, int) and code != 0:
             warnings.append(f"{label}'s job exited with code {code}")
-    vb, vn = diagnose(base.records, base.meta), diagnose(new.records, new.meta)
+    vb, vn = (diagnose(run.records, run.meta, columns=run.columns, devices=run.devices,
+                       ranks=run.ranks) for run in (base, new))
     side_b, side_n = _side(base, bb, ib, vb), _side(new, bn, inn, vn)
     if source == MIXED and (ib if bb is None else inn).timed:  # both runs have figures
         _mark_mixed(side_b, side_n)
     thr = next((m.to_dict() for m in results if m.spec.id == "throughput"), None)
-    proof = prove(vb, vn, base.records, new.records, thr)
+    proof = prove(vb, vn, base.columns, new.columns, thr)
     return Comparison(side_b, side_n, source, results, warnings, resamples, seed, proof)
 
 
@@ -406,9 +404,9 @@ def unfinished(run: RunData) -> str | None:
     if isinstance(notes, list) and any(isinstance(n, str) and n.startswith(UNFINISHED_MARK)
                                        for n in notes):
         return "its recording did not finish (iolens was stopped before the job ended)"
-    timed = sum(_num(r.get("train"), "batches") for r in run.records)
-    marks = sum(_num(_dict(_dict(r.get("train")).get("step")), "count") for r in run.records
-                if _dict(r.get("train")).get("step_source") == "marks")
+    c = run.columns
+    timed = sum(c.batches)
+    marks = sum(c.step_count[i] for i in range(c.n) if c.marks[i])
     if not timed and not marks:
         return "it timed no batch and marked no step"
     return None

@@ -9,10 +9,9 @@ from __future__ import annotations
 import math
 import os
 from array import array
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from iolens.analysis.columns import DeviceColumns, StageColumns
 from iolens.rundir import records as trecords
 from iolens.rundir.timing import TrainingAggregator, timing_pid
 
@@ -112,58 +111,29 @@ class IntervalSamples:
     """Indices of the intervals in which an epoch began."""
 
 
-def _dict(v: Any) -> dict[str, Any]:
-    return v if isinstance(v, dict) else {}
-
-
-def _num(d: Any, key: str) -> float:
-    v = d.get(key) if isinstance(d, dict) else None
-    try:
-        x = float(v) if v is not None else 0.0
-    except (TypeError, ValueError):
-        return 0.0
-    return x if math.isfinite(x) else 0.0
-
-
-def interval_samples(records: Sequence[dict[str, Any]]) -> IntervalSamples:
-    """The per-interval figures the comparison draws on."""
-    n = len(records)
+def interval_samples(c: StageColumns, devices: dict[str, DeviceColumns]) -> IntervalSamples:
+    """The per-interval figures the comparison draws on, from the run's columns ``c`` and
+    its devices' (NOTE [columns] in iolens/analysis/columns.py)."""
+    n = c.n
     out = IntervalSamples([], [], [], [], 0, {}, [], [])
-    names: dict[str, None] = {}
-    for rec in records:
-        for name, d in _dict(rec.get("devices")).items():
-            if isinstance(d, dict):
-                names.setdefault(str(name), None)
-    for name in names:
-        out.devices[name] = {k: [0.0] * n for k in ("util", "mb", "reads", "wait", "secs")}
-    for i, rec in enumerate(records):
-        s = max(0.0, _num(rec, "interval_s"))
+    for name, d in devices.items():
+        dv = out.devices[name] = {k: [0.0] * n for k in ("util", "mb", "reads", "wait", "secs")}
+        for k, i in enumerate(d.at):
+            dv["util"][i] = d.util_s[k]
+            dv["mb"][i] = d.rkb[k] / 1024
+            dv["reads"][i] = d.r_ios[k]
+            dv["wait"][i] = d.r_wait[k]
+            dv["secs"][i] = d.secs[k]
+    for i in range(n):
+        s = c.secs[i]
         out.secs.append(s)
-        train = _dict(rec.get("train"))
-        timed = train.get("step_source") == "dataloader" and _num(train, "batches") > 0
-        step = train.get("step") if timed else None
-        wait = train.get("data_wait") if timed else None
-        out.batches.append(_num(step, "count"))
-        out.step_s.append(_num(step, "sum_s"))
-        out.wait_s.append(_num(wait, "sum_s"))
+        timed = c.loader[i] and c.batches[i] > 0
+        out.batches.append(float(c.step_count[i]) if timed else 0.0)
+        out.step_s.append(c.step_s[i] if timed else 0.0)
+        out.wait_s.append(c.wait_s[i] if timed else 0.0)
         out.timed += timed
-        if timed and _num(train, "epochs_started") > 0:
+        if timed and c.epochs[i] > 0:
             out.opened.append(i)
-        for name, d in _dict(rec.get("devices")).items():
-            if not isinstance(d, dict) or str(name) not in out.devices:
-                continue
-            dv = out.devices[str(name)]
-            reads = _num(d, "r_s") * s
-            dv["util"][i] = _num(d, "util") * s
-            dv["mb"][i] = _num(d, "rkB_s") * s / 1024
-            dv["reads"][i] = reads
-            dv["wait"][i] = _num(d, "r_await") * reads
-            dv["secs"][i] = s
-        job = rec.get("job")
-        if isinstance(job, dict):
-            out.job_mb.append(_num(job, "read_bytes_s") * s / 2**20)
-            out.job_secs.append(s)
-        else:
-            out.job_mb.append(0.0)
-            out.job_secs.append(0.0)
+        out.job_mb.append(c.job_read_b[i] / 2**20 if c.has_job[i] else 0.0)
+        out.job_secs.append(s if c.has_job[i] else 0.0)
     return out
