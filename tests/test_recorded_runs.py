@@ -8,7 +8,9 @@ after the copy's path is written RUN and each float is rounded to 6 significant 
 
 A change that is meant to change a report (the work on the predictions, a new finding)
 rewrites the kept ones with ``IOLENS_UPDATE_RECORDED=1`` and shows the difference in its
-commit; a change that is not (a refactoring of the analysis) passes as it is.
+commit; a change that is not (a refactoring of the analysis) passes as it is. The same
+holds for what `iolens compare --format json` printed for pairs of them, kept in
+tests/fixtures/compare/.
 """
 
 from __future__ import annotations
@@ -75,3 +77,34 @@ def test_a_recorded_runs_report_is_the_one_kept(tmp_path: Path, name: str) -> No
     # the report reads the run and writes nothing into it
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == sorted(
         p.relative_to(RUNS / name) for p in (RUNS / name).rglob("*"))
+
+
+# `iolens compare` of pairs of recorded runs, kept the same way: each pair as recorded
+# (every batch's timing) and with the timing left out (the intervals' figures alone).
+PAIRS = [("remote-waits-no-workers", "remote-waits-one-worker", True),
+         ("hdf5-read-a-row-at-a-time", "request-capped-disk", False),
+         ("jpeg-six-workers-two-cores", "compute-bound-cached-data", True),
+         ("nothing-worth-changing", "idle-workers-behind-the-hand-over", False)]
+COMPARED = RUNS.parent / "compare"
+
+
+@pytest.mark.parametrize(("base", "new", "timing"), PAIRS)
+def test_a_comparison_of_recorded_runs_is_the_one_kept(tmp_path: Path, base: str, new: str,
+                                                       timing: bool) -> None:
+    runs = []
+    for side, name in (("BASE", base), ("NEW", new)):
+        run = tmp_path / side
+        shutil.copytree(RUNS / name, run)
+        if not timing:
+            shutil.rmtree(run / "timing")
+        runs.append(run)
+    out = subprocess.run([sys.executable, "-m", "iolens", "compare", *map(str, runs),
+                          "--format", "json"], capture_output=True, text=True, timeout=120,
+                         check=True)
+    got = _normal(_normal(json.loads(out.stdout), str(runs[0])), str(runs[1]))
+    kept = COMPARED / f"{base}--{new}{'' if timing else '--intervals'}.json"
+    if os.environ.get("IOLENS_UPDATE_RECORDED") == "1":
+        COMPARED.mkdir(exist_ok=True)
+        kept.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    differences = _differences(json.loads(kept.read_text()), got)
+    assert not differences, "\n".join(differences[:40])
