@@ -146,6 +146,13 @@ def test_the_verdicts_modules_import_only_those_below_them() -> None:
         assert lines <= 500, f"{m}.py: {lines} lines"
 
 
+def test_no_module_of_the_analysis_is_over_500_lines() -> None:
+    """The decisions live in small modules: none in iolens/analysis is over 500 lines."""
+    long = {str(p.relative_to(SRC)): n for p in (SRC / "iolens" / "analysis").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, long
+
+
 def test_the_reports_path_enters_each_analysis_module_once(tmp_path: Path) -> None:
     """`iolens report` of a recorded run, traced: the modules of iolens.analysis that code
     outside it calls (directly, or through the standard library: a cached property),

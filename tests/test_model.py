@@ -566,7 +566,7 @@ def test_fewer_workers_queue_less_for_the_cores() -> None:
     assert pm.more_workers(8)(f).fetch_s == pytest.approx(0.006)
 
 
-# -- the columns (NOTE [columns] in iolens/analysis/columns.py) --------------------------
+# -- the columns (NOTE [columns] in iolens/analysis/columns/__init__.py) --------------------------
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 

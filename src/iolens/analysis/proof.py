@@ -46,7 +46,7 @@ def changes(before: Verdict, after: Verdict, before_cols: StageColumns,
             after_cols: StageColumns) -> dict[str, Any]:
     """What AFTER changed against BEFORE, in the keys of a recommendation's ``change``
     (``before_cols``, ``after_cols``: the runs' columns, NOTE [columns] in
-    iolens/analysis/columns.py)."""
+    iolens/analysis/columns/__init__.py)."""
     out: dict[str, Any] = {}
     mb, ma = before.model, after.model
     fb = mb.whole if mb is not None else None

@@ -52,7 +52,7 @@ class RunData:
     @functools.cached_property
     def columns(self) -> StageColumns:
         """The records' figures as columns, read once (NOTE [columns] in
-        iolens/analysis/columns.py)."""
+        iolens/analysis/columns/__init__.py)."""
         return StageColumns.of(self.records)
 
     @functools.cached_property

@@ -51,7 +51,7 @@ def build_report(run: RunData) -> dict[str, Any]:
     recs = run.records
     meta = run.meta
     # The run's views, read once, before anything reads them (NOTE [columns] in
-    # iolens/analysis/columns.py).
+    # iolens/analysis/columns/__init__.py).
     columns, devices, roles, ranks = run.columns, run.devices, run.roles, run.ranks
     cpu, gpus = run.cpu, run.gpus
     verdict = diagnose(recs, meta, columns=columns, devices=devices, ranks=ranks)

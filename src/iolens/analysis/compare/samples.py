@@ -113,7 +113,7 @@ class IntervalSamples:
 
 def interval_samples(c: StageColumns, devices: dict[str, DeviceColumns]) -> IntervalSamples:
     """The per-interval figures the comparison draws on, from the run's columns ``c`` and
-    its devices' (NOTE [columns] in iolens/analysis/columns.py)."""
+    its devices' (NOTE [columns] in iolens/analysis/columns/__init__.py)."""
     n = c.n
     out = IntervalSamples([], [], [], [], 0, {}, [], [])
     for name, d in devices.items():

@@ -124,7 +124,7 @@ class Model:
         self.records = list(records)
         self.cpus = cpus
         self.columns = columns if columns is not None else StageColumns.of(self.records)
-        """The records' figures, read once (NOTE [columns] in iolens/analysis/columns.py):
+        """The records' figures, read once (NOTE [columns] in iolens/analysis/columns/__init__.py):
         ``columns``, where the caller has them."""
         self.whole = figures(self.columns, cpus, storage_sps)
         self.unavailable: str | None = None

@@ -57,7 +57,8 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
              ranks: dict[str, RankColumns] | None = None) -> Verdict:
     """The verdict over a run's records (in order). ``meta`` adds the CPU count and notes;
     ``columns``, ``devices`` and ``ranks``: the records' columns, their devices' and their
-    ranks' where the caller has read them (NOTE [columns] in iolens/analysis/columns.py)."""
+    ranks' where the caller has read them (NOTE [columns] in
+    iolens/analysis/columns/__init__.py)."""
     meta = meta or {}
     whole = records
     records, tuned = _tuned_part(records, meta)

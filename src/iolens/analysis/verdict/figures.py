@@ -1,8 +1,7 @@
 """The figures the verdict reads of a run: over spans of its columns (NOTE [columns] in
-iolens/analysis/columns.py) the windows, the workers' CPU, the machine's idle, the D states,
-the hand-over and the bursts of waits; out of its records still the few that read a
-record's own maps (the devices the findings' intervals name, whether an interval was
-timed).
+iolens/analysis/columns/__init__.py) the windows, the workers' CPU, the machine's idle,
+the D states, the hand-over and the bursts of waits; out of its records still whether an
+interval was timed, and the windows of a hang and of steps marked by hand.
 """
 
 from __future__ import annotations

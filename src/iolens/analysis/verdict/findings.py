@@ -61,7 +61,7 @@ def hang_finding(records: Sequence[dict[str, Any]]) -> Finding | None:
 def all_findings(records: Sequence[dict[str, Any]], cols: RunColumns,
                  v: Verdict) -> list[Finding]:
     """The findings beside the verdict; ``cols``: the run's columns (NOTE [columns] in
-    iolens/analysis/columns.py)."""
+    iolens/analysis/columns/__init__.py)."""
     out: list[Finding] = []
     hang = hang_finding(records)
     if hang is not None:

@@ -46,7 +46,7 @@ from iolens.core.words import plural
 def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any],
                 cols: RunColumns) -> None:
     """The input-bound classes. ``cols``: the run's columns, ``timed``'s among them (NOTE
-    [columns] in iolens/analysis/columns.py)."""
+    [columns] in iolens/analysis/columns/__init__.py)."""
     steps = cols.steps
     share = v.data_wait_share or 0.0
     picks = input_windows(steps)
