@@ -493,6 +493,25 @@ def test_only_the_most_opened_mount_is_the_dataset() -> None:
     assert any("wait on something else" in e for e in v.evidence)
 
 
+def test_a_starved_loop_on_a_gpu_is_told_to_pin_memory_unless_it_does() -> None:
+    """The pin_memory advice follows a GPU in any timed interval (NVML answering for it or
+    not), and not a loader that pins already."""
+    meta = {"cpus": 8, "storage": [
+        {"mount": "/", "fstype": "ext4", "device": "vda1", "kind": "block", "disks": ["vda"],
+         "page_cache_visible": True, "opens": 1111}]}
+
+    def pins(records: list[dict[str, Any]], loaders: list[dict[str, Any]]) -> bool:
+        v = diagnose(records, {**meta, "loaders": loaders})
+        assert v.cls == "loader-starved", v.evidence
+        return any("pin_memory=True" in r.action for r in v.recommendations)
+
+    records = piped(fetch=0.2, cpu=0.002)
+    assert not pins(records, [])
+    records[7]["gpu"] = [{"index": 0, "util_pct": None}]  # one interval, NVML failing
+    assert pins(records, [])
+    assert not pins(records, [{"num_workers": 2, "pin_memory": True}])
+
+
 def test_a_heavy_collate_beside_a_light_blocked_read_is_not_storage() -> None:
     v = diagnose(piped(fetch=0.004, cpu=0.0005, collate=0.04), FUSE_META)
     assert v.cls == "cpu-bound-input", v.evidence

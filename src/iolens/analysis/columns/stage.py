@@ -144,6 +144,8 @@ class StageColumns:
     """Whether the interval recorded the DataLoader workers' figures."""
     has_job: tuple[bool, ...]
     """Whether it recorded the job's processes' figures."""
+    has_gpu: tuple[bool, ...]
+    """Whether it recorded a GPU (NVML answering for it or not)."""
     helper_b: tuple[tuple[float, ...], ...]
     """Bytes read from devices on the job's behalf by each helper outside it (a local
     server of a network dataset, a FUSE daemon) in the interval, one entry per storage
@@ -234,6 +236,7 @@ class StageColumns:
                     ("iterable", t.get("iterable_loader") is True),
                     ("has_workers", bool(worker)),
                     ("has_job", isinstance(job, dict)),
+                    ("has_gpu", bool(rec.get("gpu")) if isinstance(rec, dict) else False),
                     ("helper_b", tuple(
                         (amount(f, "server_read_bytes_s") + amount(f, "daemon_read_bytes_s"))
                         * s for f in st.values()) if isinstance(st, dict) else ())):

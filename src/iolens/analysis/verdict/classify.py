@@ -98,7 +98,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
         _compute_bound(v, cols)
         epoch_starts_first(v, steps)
     else:
-        input_bound(v, timed, meta, cols)
+        input_bound(v, meta, cols)
         epoch_starts_first(v, steps)
         nothing_to_gain(v)
     if batches < rules.MIN_BATCHES:

@@ -4,7 +4,6 @@ handover-bound): which one, its evidence and its advice.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from iolens.analysis import model as pm
@@ -43,10 +42,9 @@ from iolens.analysis.verdict.workers import (
 from iolens.core.words import plural
 
 
-def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any],
-                cols: RunColumns) -> None:
-    """The input-bound classes. ``cols``: the run's columns, ``timed``'s among them (NOTE
-    [columns] in iolens/analysis/columns/__init__.py)."""
+def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
+    """The input-bound classes. ``cols``: the run's columns (NOTE [columns] in
+    iolens/analysis/columns/__init__.py)."""
     steps = cols.steps
     share = v.data_wait_share or 0.0
     picks = input_windows(steps)
@@ -246,7 +244,7 @@ def input_bound(v: Verdict, timed: Sequence[dict[str, Any]], meta: dict[str, Any
                 action, bursts, ceiling, None,
                 "the model works from each stage's mean cost; bursts are in its interval",
                 change))
-        if any(r.get("gpu") for r in timed) and not v.already("pin_memory", True):
+        if any(steps.has_gpu) and not v.already("pin_memory", True):
             v.recommendations.append(Recommendation(
                 "use pin_memory=True in the DataLoader and .to(device, non_blocking=True)",
                 "host-to-GPU copies then overlap the step", "overlapped copies", None,
