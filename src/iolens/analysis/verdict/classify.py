@@ -24,7 +24,6 @@ from iolens.analysis.columns import (
 from iolens.analysis.model import Model
 from iolens.analysis.verdict.figures import (
     end_of,
-    is_timed,
     num,
     part_sum,
     secs_of,
@@ -62,10 +61,10 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     meta = meta or {}
     whole = records
     records, tuned = _tuned_part(records, meta)
-    timed_at = [i for i, r in enumerate(records) if is_timed(r)]
-    timed = [records[i] for i in timed_at]
     if columns is None or records is not whole:  # (the caller's are the whole run's)
         columns = StageColumns.of(records)
+    timed_at = [i for i in range(columns.n) if columns.loader[i] and columns.batches[i] > 0]
+    timed = [records[i] for i in timed_at]
     if devices is None or records is not whole:
         devices = DeviceColumns.of(records)
     if ranks is None or records is not whole:
