@@ -579,6 +579,30 @@ def test_a_rebuild_that_fails_leaves_the_report_read_from_the_records(
     same_run(got, plain)
 
 
+@pytest.mark.parametrize("copied", [40, 1500, None])
+def test_a_line_the_rollups_hold_written_again_after_them_is_read_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, copied: int | None) -> None:
+    """A record's line copied past the rollups' end, far from its first (NOTE [duplicates
+    across ranges]): the run reads as from its records alone, the copy skipped once. (Only
+    the line just before the rollups' end was checked: a copy of an earlier one was folded
+    twice.) Without a copy, the rollups are read and only the records after them."""
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 60)
+    records = varied_run(2000)
+    run = recorded(tmp_path / "run", records[:1800])
+    with open(run / "records.jsonl", "a") as fh:
+        for i, r in enumerate(records[1800:], 1800):
+            fh.write(json.dumps(r) + "\n")
+            if i == 1900 and copied is not None:
+                fh.write(json.dumps(records[copied]) + "\n")
+    plain = load_run(str(without_rollups(run, tmp_path / "plain")), max_records=500)
+    assert any("duplicate" in n for n in plain.notes) is (copied is not None), plain.notes
+    starts = read_from(monkeypatch)
+    got = load_run(str(run), max_records=500)
+    same_run(got, plain)
+    assert starts[0] > 0, "the rollups were not read"
+    assert starts[1:] == ([0] if copied is not None else []), starts
+
+
 def test_rollups_rebuilt_from_damaged_records_read_as_the_records_do(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Lines torn, blank, written twice, not JSON or with a bad figure, anywhere: the run

@@ -40,7 +40,9 @@ class Seqs:
     before it, no line of one repeats a line of another, and the parallel fold stands;
     else (a line copied far from where it was first written, a recorder that appended to
     another's records) the records are folded again in one process, which sees every
-    line: slower, on a damaged file only, and the same as the short run's reading."""
+    line: slower, on a damaged file only, and the same as the short run's reading. The
+    same holds past the rollups: a record after them whose seq is not above the last one
+    they hold has the whole file folded again, without them."""
 
     lo: int | None = None
     hi: int | None = None
@@ -203,6 +205,9 @@ def fold_run(path: str, bucket_s: float, jobs: int | None = None, *,
         return fold_records(path, bucket_s, jobs)
     per = round(bucket_s / slot_s)
     total = fold_records(path, bucket_s, jobs, start=rolled.to)
+    if rolled.seq is not None and total.seqs.lo is not None and total.seqs.lo <= rolled.seq:
+        # a line past the rollups that they hold already (NOTE [duplicates across ranges])
+        return fold_records(path, bucket_s, jobs)
     total.lines += rolled.records
     buckets = total.buckets
     for slot, b in rolled.slots:
@@ -236,6 +241,8 @@ def fold_records(path: str, bucket_s: float, jobs: int | None = None, *,
             parts = [_fold_range(path, start, size, bucket_s)]
     total = ChunkResult({})
     for part in parts:
+        total.seqs.add(part.seqs.lo)
+        total.seqs.add(part.seqs.hi)
         total.lines += part.lines
         total.skipped.merge(part.skipped)
         total.newer += part.newer

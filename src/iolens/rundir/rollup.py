@@ -785,6 +785,9 @@ class Rolled:
     """The byte of records.jsonl where what they hold ends: the records past it are not in
     them."""
     records: int = 0
+    seq: int | None = None
+    """The seq of the last record they hold (the recorder numbers its records in the order
+    it writes them: the greatest they hold), None where it has none."""
 
 
 _CHECK = b',"check":'
@@ -826,13 +829,19 @@ def read_rollups(run_dir: str, records_path: str, slot_s: float) -> Rolled | Non
                 break
             out.slots.append((slot, b))
             out.to, out.records, crc = to, out.records + b.n, line_crc
-    if not out.slots or crc != _last_line_crc(records_path, out.to):
+    last = _last_line(records_path, out.to)
+    if not out.slots or last is None or crc != zlib.crc32(last):
         return None
+    try:
+        seq = parse(last).get("seq")
+    except (ValueError, AttributeError, RecursionError):
+        seq = None
+    out.seq = seq if type(seq) is int else None
     return out
 
 
-def _last_line_crc(path: str, end: int) -> int | None:
-    """The CRC-32 of the line of ``path`` that ends at byte ``end``, or None."""
+def _last_line(path: str, end: int) -> bytes | None:
+    """The line of ``path`` that ends at byte ``end`` (its newline too), or None."""
     start = max(0, end - _TAIL_MAX)
     try:
         with open(path, "rb") as fh:
@@ -845,4 +854,4 @@ def _last_line_crc(path: str, end: int) -> int | None:
     cut = data.rfind(b"\n", 0, len(data) - 1)
     if cut < 0 and start > 0:
         return None
-    return zlib.crc32(data[cut + 1:])
+    return data[cut + 1:]
