@@ -169,7 +169,9 @@ def is_duplicate(rec: dict[str, Any], seen: set[tuple[int, float]]) -> bool:
 
 
 def estimate_records(path: str) -> tuple[int, float]:
-    """(about how many lines records.jsonl holds, the elapsed seconds of its last record)."""
+    """(about how many lines records.jsonl holds, the elapsed seconds of its last record:
+    the latest in its last 64 KiB, so that a line written again at its end, an early
+    record's copy, does not make a long run look short)."""
     parse = loads()
     size = os.path.getsize(path)
     if size == 0:
@@ -181,14 +183,13 @@ def estimate_records(path: str) -> tuple[int, float]:
         fh.seek(max(0, size - (1 << 16)))
         tail = fh.read().splitlines()
     last = 0.0
-    for line in reversed(tail):
+    for line in tail:
         try:
             rec = parse(line)
         except ValueError:
             continue
         if record_problem(rec) is None:  # a finite, non-negative elapsed_s
-            last = float(rec["elapsed_s"] or 0.0)
-            break
+            last = max(last, float(rec["elapsed_s"] or 0.0))
     return estimate, last
 
 
