@@ -69,9 +69,7 @@ class DeviceColumns:
     @classmethod
     def of(cls, records: Sequence[dict[str, Any]]) -> dict[str, DeviceColumns]:
         """Each device's columns, in the order the records name them."""
-        return {name: cls(name, **c) for name, c in _by_key(
-            records, lambda rec: rec.get("devices"), cls.__dataclass_fields__,
-            cls._entry).items()}
+        return _named(cls, records, lambda rec: rec.get("devices"))
 
     @staticmethod
     def _entry(d: dict[str, Any], s: float) -> Iterable[tuple[str, Any]]:
@@ -126,9 +124,7 @@ class RoleColumns:
     @classmethod
     def of(cls, records: Sequence[dict[str, Any]]) -> dict[str, RoleColumns]:
         """Each role's columns, in the order the records name the roles."""
-        return {name: cls(name, **c) for name, c in _by_key(
-            records, lambda rec: _dict(rec.get("job"), "roles"), cls.__dataclass_fields__,
-            cls._entry).items()}
+        return _named(cls, records, lambda rec: _dict(rec.get("job"), "roles"))
 
     @staticmethod
     def _entry(d: dict[str, Any], s: float) -> Iterable[tuple[str, Any]]:
@@ -156,9 +152,7 @@ class StoreColumns:
     @classmethod
     def of(cls, records: Sequence[dict[str, Any]]) -> dict[str, StoreColumns]:
         """Each storage entry's columns, in the order the records name them."""
-        return {name: cls(name, **c) for name, c in _by_key(
-            records, lambda rec: rec.get("storage"), cls.__dataclass_fields__,
-            cls._entry).items()}
+        return _named(cls, records, lambda rec: rec.get("storage"))
 
     @staticmethod
     def _entry(d: dict[str, Any], s: float) -> Iterable[tuple[str, Any]]:
@@ -196,9 +190,7 @@ class RankColumns:
     @classmethod
     def of(cls, records: Sequence[dict[str, Any]]) -> dict[str, RankColumns]:
         """Each rank's columns, in the order the records name the ranks."""
-        return {name: cls(name, **c) for name, c in _by_key(
-            records, lambda rec: _train(rec).get("ranks"), cls.__dataclass_fields__,
-            cls._entry).items()}
+        return _named(cls, records, lambda rec: _train(rec).get("ranks"))
 
     @staticmethod
     def _entry(d: dict[str, Any], s: float) -> Iterable[tuple[str, Any]]:
@@ -263,6 +255,14 @@ class GpuColumns:
                 c[3].append(amount(g, "mem_total_bytes"))
         return {k: cls(k, tuple(at), tuple(util), tuple(used), tuple(total))
                 for k, (at, util, used, total) in cols.items()}
+
+
+def _named(cls: Any, records: Sequence[dict[str, Any]],
+           maps: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    """The columns of class ``cls`` (its ``_entry`` makes an interval's entries) of each
+    name of the maps ``maps`` finds in a record, in the order the records name them."""
+    return {name: cls(name, **c) for name, c in _by_key(
+        records, maps, cls.__dataclass_fields__, cls._entry).items()}
 
 
 def _by_key(records: Sequence[dict[str, Any]], maps: Callable[[dict[str, Any]], Any],
