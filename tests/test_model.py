@@ -18,6 +18,7 @@ from iolens.analysis.model import Figures, Model, rate
 from iolens.analysis.pipeline import pipeline
 from iolens.analysis.rundata import load_run
 from iolens.analysis.verdict.figures import num, secs_of, timed_records
+from iolens.rundir.rollup import Bucket
 
 BASE = Figures(steps_per_s=10.0, compute_s=0.020, handover_s=0.001, batch=16, workers=1,
                fetch_s=0.005, fetch_cpu_s=0.0002, collate_s=0.001, epoch_start_s=0.0,
@@ -589,6 +590,43 @@ def test_figures_over_picked_columns_are_those_of_the_picked_records(name: str) 
         got = pm.figures(cols, cpus, None, 2, picks)
         assert got == pm.figures([records[i] for i in picks], cpus, None, 2)
         assert got is not None
+
+
+@pytest.mark.parametrize("name", ["jpeg-six-workers-two-cores", "request-capped-disk",
+                                  "remote-waits-one-worker", "webdataset-over-http"])
+def test_intervals_folded_in_the_columns_are_those_a_bucket_folds(name: str) -> None:
+    """NOTE [blocks from the columns]: a block folded from the columns holds what a long
+    run's bucket of the same records holds: each count, second and byte summed to the last
+    bit, and the rates, CPU shares and percentiles the bucket rounds within its rounding."""
+    records, _ = _recorded(name)
+    cols = StageColumns.of(records)
+    groups = [range(a, min(a + 3, cols.n)) for a in range(0, cols.n, 3)]
+    # (a bucket spreads a role's mean over all its seconds, where the columns add what
+    # each interval recorded: they agree where the workers were recorded throughout)
+    groups = [g for g in groups if len({cols.has_workers[i] for i in g}) == 1]
+    folded = cols.folded(groups)
+    buckets = []
+    for g in groups:
+        b = Bucket()
+        for i in g:
+            b.add(records[i])
+        buckets.append(b.record())
+    again = StageColumns.of(buckets)
+    assert folded.n == len(groups) == again.n > 3
+    exact = ("secs", "batches", "step_count", "wait_count", "epochs",
+             "p_batches", "p_samples", "p_fetch_s", "p_fetch_cpu_s", "p_idle_s", "p_files",
+             "p_processes", "p_handovers", "p_handover_s", "loader", "worker_pids",
+             "d_states", "all_states", "has_workers", "num_workers")
+    for field in StageColumns.__dataclass_fields__:
+        got, want = getattr(folded, field), getattr(again, field)
+        if field in exact:
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-12), field
+        elif field == "helper_b":
+            assert [sum(x) for x in got] == pytest.approx([sum(x) for x in want]), field
+        else:  # (the bucket rounds CPU to 0.01%, the steps' and waits' seconds to 1 us)
+            near = 0.006 if field.endswith("_pct") else 2e-4
+            assert [x or 0.0 for x in got] == pytest.approx(
+                [x or 0.0 for x in want], rel=1e-3, abs=near), field
 
 
 @pytest.mark.parametrize(("value", "figure"), [

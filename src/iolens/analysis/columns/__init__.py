@@ -38,11 +38,11 @@ read from the records once; a figure over a span is a sum over entries, added in
 records' order (the figures are the same to the last bit as those read from the records
 one by one: the recorded runs' reports are byte for byte those of the code that read the
 records). The verdict's windows are interval indices into the columns, not lists of
-records. What still reads records: the long run's fold and the model's resampling blocks
-(a Bucket folds records), the hang and the missing-disk findings (the last intervals),
-whether any timed interval saw a GPU (the pin_memory advice) and the report's HTML
-charts. `iolens compare` reads each run's columns (its interval samples, its per-interval
-distributions, the pipeline of its proof) and hands them to the verdicts."""
+records; the model's resampling blocks are folded from the columns (NOTE [blocks from
+the columns] in stage.py). What still reads records: the long run's fold (a Bucket folds
+records), the hang finding (the last intervals) and the report's HTML charts. `iolens
+compare` reads each run's columns (its interval samples, its per-interval distributions,
+the pipeline of its proof) and hands them to the verdicts."""
 
 __all__ = [
     "CpuColumns",

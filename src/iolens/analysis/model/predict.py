@@ -27,7 +27,6 @@ from iolens.analysis.model.changes import (
 )
 from iolens.analysis.model.records import MIN_STEADY_BATCHES, _stepping, figures
 from iolens.analysis.model.stages import Figures, Rate, _pause_cost, rate
-from iolens.rundir.rollup import Bucket
 
 CONFIDENCE = 0.90
 """A prediction's ``low``-``high`` is a 90% interval (NOTE [prediction intervals])."""
@@ -78,8 +77,8 @@ class Prediction:
 
 """NOTE [prediction intervals]: a prediction's interval holds two errors. The run's own
 variation: the run's intervals (less its first and last, the start-up and the shutdown)
-are cut into contiguous blocks of about sqrt(n), each folded into one record as the
-long-run buckets are (iolens.analysis.longrun), and the blocks are resampled
+are cut into contiguous blocks of about sqrt(n), each folded into one entry of the
+columns (NOTE [blocks from the columns]), and the blocks are resampled
 (RESAMPLES times, fixed seed); each resample gives the stage costs again, and the
 prediction is made from each (its measured rate times what the change does to its model's
 rate), so the 5th and 95th percentiles of those predictions are how far the run's
@@ -91,41 +90,22 @@ its predictions missed in the lab cases (MODEL_ERROR, or this run's own misfit i
 added to each side in quadrature. The basis says both."""
 
 
-_UNREAD = frozenset(("devices", "gpu"))
-
-
-def _folded_blocks(records: Sequence[dict[str, Any]],
-                   columns: StageColumns) -> list[dict[str, Any]]:
+def _blocks(columns: StageColumns) -> StageColumns:
     """The run's intervals (less its first and last) in contiguous blocks, each folded into
-    one record."""
-    pool = [records[i] for i in _stepping(columns, range(columns.n))]
-    n = len(pool)
-    if not n:
-        return []
-    out = []
-    for a, z in resample.block_bounds(n, MAX_BLOCKS):
-        b = Bucket()
-        for r in pool[a:z]:
-            try:  # (the model reads no device or GPU figure: a third of the fold, left out)
-                b.add({k: v for k, v in r.items() if k not in _UNREAD})
-            except (TypeError, ValueError, AttributeError):
-                continue  # (a damaged record: the whole run's figures left it out too)
-        if b.n:
-            out.append(b.record())
-    return out
+    one entry (NOTE [blocks from the columns] in iolens/analysis/columns/stage.py)."""
+    pool = _stepping(columns, range(columns.n))
+    return columns.folded(pool[a:z] for a, z in resample.block_bounds(len(pool), MAX_BLOCKS))
 
 
 class Model:
     """The model of one run, with resamples of it for the interval of its predictions."""
 
-    def __init__(self, records: Sequence[dict[str, Any]], cpus: int | None,
-                 storage_sps: float | None = None, *,
-                 columns: StageColumns | None = None) -> None:
-        self.records = list(records)
+    def __init__(self, run: Sequence[dict[str, Any]] | StageColumns, cpus: int | None,
+                 storage_sps: float | None = None) -> None:
         self.cpus = cpus
-        self.columns = columns if columns is not None else StageColumns.of(self.records)
-        """The records' figures, read once (NOTE [columns] in iolens/analysis/columns/__init__.py):
-        ``columns``, where the caller has them."""
+        self.columns = run if isinstance(run, StageColumns) else StageColumns.of(run)
+        """The timed intervals' figures (``run``: their records, or their columns, read
+        once: NOTE [columns] in iolens/analysis/columns/__init__.py)."""
         self.whole = figures(self.columns, cpus, storage_sps)
         self.unavailable: str | None = None
         """Why the model predicts nothing though it has figures (too few batches)."""
@@ -139,7 +119,7 @@ class Model:
                 f"the run timed {steady} steady batches (not opening an epoch); a prediction "
                 f"needs {MIN_STEADY_BATCHES}: {MIN_STEADY_BATCHES - steady} more, a longer run")
             return
-        blocks = StageColumns.of(_folded_blocks(self.records, self.columns))
+        blocks = _blocks(self.columns)
         rng = random.Random(SEED)
         for _ in range(RESAMPLES if blocks.n >= 2 else 0):
             picks = rng.choices(range(blocks.n), k=blocks.n)
@@ -163,7 +143,7 @@ class Model:
         whole = self.whole
         if whole is None or dataclasses.replace(whole, storage_sps=storage_sps) != figures(
                 self.columns, self.cpus, storage_sps):
-            return Model(self.records, self.cpus, storage_sps, columns=self.columns)
+            return Model(self.columns, self.cpus, storage_sps)
         out = copy.copy(self)
         out.whole = dataclasses.replace(whole, storage_sps=storage_sps)
         out.draws = [dataclasses.replace(d, storage_sps=storage_sps) for d in self.draws]

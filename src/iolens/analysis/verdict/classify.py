@@ -64,7 +64,6 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     if columns is None or records is not whole:  # (the caller's are the whole run's)
         columns = StageColumns.of(records)
     timed_at = [i for i in range(columns.n) if columns.loader[i] and columns.batches[i] > 0]
-    timed = [records[i] for i in timed_at]
     if devices is None or records is not whole:
         devices = DeviceColumns.of(records)
     if ranks is None or records is not whole:
@@ -88,7 +87,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     if isinstance(meta.get("run_dir"), str):
         v.run_dir = shlex.quote(meta["run_dir"])
     v.loaders = [d for d in meta.get("loaders") or [] if isinstance(d, dict)]
-    model = Model(timed, int(meta.get("cpus") or 0) or None, columns=steps)
+    model = Model(steps, int(meta.get("cpus") or 0) or None)
     v.model = model if model.whole is not None else None
     stall = write_stall(cols, share)
     if stall is not None:

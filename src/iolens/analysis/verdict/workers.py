@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import Span, StageColumns
+from iolens.analysis.columns import Span, StageColumns, added
 from iolens.analysis.pipeline import Pipeline
-from iolens.analysis.verdict.figures import num, train
 from iolens.analysis.verdict.result import Recommendation, Verdict
 from iolens.core.words import plural
 
@@ -20,8 +19,7 @@ def raise_workers(v: Verdict, workers: int, target: int, because: str,
     batch from workers] in iolens/analysis/model/changes.py): workers started anew each epoch cost
     that epoch their start, which the model does not know from a run without them."""
     action, change = f"raise num_workers from {workers} to {target}", {"num_workers": target}
-    epochs = (sum(num(train(r), "epochs_started") for r in v.model.records)
-              if v.model is not None else 0)
+    epochs = added(v.model.columns.epochs) if v.model is not None else 0
     if not workers and epochs >= 2:
         action += " and set persistent_workers=True"
         change["persistent_workers"] = True
