@@ -121,6 +121,10 @@ def _advice_cases() -> list[Case]:
              "cores; the fix lowers num_workers", ADVICE, ["cpu", s, "6", "0.02"],
              "num_workers", lambda r: ["cpu", s, str(r["change"]["num_workers"]), "0.02"],
              quiet=True),
+        Case("CPU-heavy, 12 workers on 2 cores", "as above, 12 workers: the first batch "
+             "after a second; the fix lowers num_workers", ADVICE, ["cpu", s, "12", "0.02"],
+             "num_workers", lambda r: ["cpu", s, str(r["change"]["num_workers"]), "0.02"],
+             quiet=True),
         Case("spawn workers each epoch", "spawn, 3 workers, 4 epochs of 100 batches",
              SPAWN, ["0"], "persistent_workers", lambda r: ["1"]),
     ]

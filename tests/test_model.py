@@ -152,6 +152,59 @@ def test_the_loops_own_hand_over_is_bounded_by_its_cpu_where_the_workers_are_bus
     assert f.handover_s * 1000 == pytest.approx(want_ms)
 
 
+def test_the_workers_a_run_declared_before_its_first_timed_batch_are_the_models() -> None:
+    """NOTE [the workers a run declared]: the epoch began (num_workers recorded) in an
+    interval that timed no batch; the model takes the run's 12 workers, not the 8 processes
+    that timed a stage in one interval."""
+    from iolens.analysis.verdict import diagnose
+
+    start = interval(0, workers=12)
+    start["train"].update(batches=0, step={"count": 0, "sum_s": 0.0},
+                          data_wait={"count": 0, "sum_s": 0.0}, epochs_started=1)
+    del start["train"]["pipeline"]
+    steps = [interval(i, workers=8) for i in range(1, 21)]
+    for r in steps:
+        r["train"].pop("num_workers", None)
+        r["job"]["roles"]["worker"]["pids"] = 12
+    alone = Model(steps, cpus=2).whole  # (the timed intervals alone)
+    assert alone is not None and alone.workers == 8
+    v = diagnose([start, *steps], {"cpus": 2})
+    assert v.model is not None
+    for f in (v.model.whole, v.model.with_storage(1000.0).whole):
+        assert f is not None and f.workers == 12
+
+
+def test_a_fetchs_wait_for_a_core_is_its_share_of_the_workers_cpu() -> None:
+    """NOTE [a fetch that waits for a core]: the workers' run delay is the fetch's in the
+    share of their CPU that it took, whatever the intervals in which the fetches ended:
+    batches that end together in every other interval, and the workers' last timings in
+    an interval after they exited, read as the steady intervals do."""
+    def run(bursts: bool) -> list[dict[str, Any]]:
+        records = [interval(i, fetch=0.010, cpu=0.002) for i in range(10)]
+        for k, r in enumerate(records):  # 0.64 s of 0.8 s of the workers' CPU a second is
+            worker = r["job"]["roles"]["worker"]  # the fetch's; 1.92 s of run delay
+            worker.update(cpu_pct=80.0, run_delay_pct=192.0)
+            if bursts:  # twice the batches, or none
+                p = r["train"]["pipeline"]
+                for key in ("batches", "samples", "fetch_s", "fetch_cpu_s"):
+                    p[key] = p[key] * 2 if k % 2 else 0
+        return records
+
+    for records in (run(False), run(True), run(True)[1:]):
+        pipe = pipeline(records, {"cpus": 2})
+        assert pipe is not None
+        assert pipe.fetch_queue_share == pytest.approx(0.48)  # 0.64 / 0.8 * 1.92 / 3.2
+        assert pipe.fetch_blocked_share == pytest.approx(0.32)
+    records = run(False)
+    records[-1]["job"]["roles"]["worker"].update(pids=0, run_delay_pct=0.0, cpu_pct=0.0)
+    pipe = pipeline(records, {"cpus": 2})
+    assert pipe is not None and pipe.fetch_queue_share == pytest.approx(0.48)
+    for r in records:  # where no interval saw the workers, nothing is known to be queued
+        r["job"]["roles"]["worker"].update(pids=0, run_delay_pct=0.0)
+    never = pipeline(records, {"cpus": 2})
+    assert never is not None and never.fetch_queue_share == 0.0
+
+
 def test_the_worker_count_reaches_the_next_limit_not_a_doubling() -> None:
     m = Model([interval(i) for i in range(20)], cpus=2)
     # compute allows 1 / 22 ms (step + hand-over) = 45.5 steps/s; a worker makes 12.3

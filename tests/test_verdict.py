@@ -529,7 +529,8 @@ def test_idle_workers_whose_fetch_waits_for_a_core_are_cpu_bound() -> None:
     records = piped(fetch=0.04, cpu=0.016, idle=0.05, handover=0.045, wait=0.05)
     assert diagnose(records, {"cpus": 2}).cls == "handover-bound"
     for r in records:
-        r["job"]["roles"]["worker"]["run_delay_pct"] = 30.0  # 0.3 s of each 1 s interval
+        worker = r["job"]["roles"]["worker"]  # on the CPU: the fetch and the collate
+        worker.update(run_delay_pct=30.0, cpu_pct=17.0)  # waited 0.3 s of each 1 s
         r["cpu"].update(user=100.0, idle=0.0)
     pipe = pipeline(records, {"cpus": 2})
     assert pipe is not None and pipe.fetch_queue_share == pytest.approx(0.6)

@@ -47,7 +47,8 @@ class Pipeline:
     """The dataset is on a block device: its reads count in read_bytes."""
     queue_s: float = 0.0
     """Seconds the workers waited on a run queue for a core in the span (their run
-    delay): NOTE [a fetch that waits for a core]."""
+    delay) while they fetched: the delay in the share of their CPU the fetch took (NOTE
+    [a fetch that waits for a core])."""
 
     @property
     def fetch_s_per_sample(self) -> float | None:
@@ -62,9 +63,16 @@ class Pipeline:
         """NOTE [a fetch that waits for a core]: a fetch off the CPU is either blocked (the
         storage, the network, a lock, a sleep) or runnable and waiting for a core that the
         other workers and the loop keep busy. The workers' run delay (/proc/PID/schedstat)
-        is the second; it accrues only while they have work, the fetch most of it, so it
-        is counted against the fetch's time off CPU, up to all of it. Workers on more
-        cores than are free read as CPU-bound, not as waiting on something else."""
+        is the second. It is the fetch's in the share of the workers' CPU that the fetch
+        took (:attr:`queue_s`), up to all of the fetch's time off the CPU. Workers on more
+        cores than are free read as CPU-bound, not as waiting on something else.
+        The share, not the whole delay against the fetch's time off CPU as it was: a
+        fetch is timed in the interval in which it ends, and the delay as it accrues, so
+        the two agree over a run but not over a few intervals. Twelve workers on 2 cores
+        ended their batches together, 12 in one interval and none in the next; the
+        timed intervals left out some of either, and their last timings came after the
+        recorder last saw them. 3.5-13 ms of each sample's 125 read as blocked, which
+        fewer workers would keep, where the share leaves 0.5-1.5 ms."""
         return min(self.queue_s, max(0.0, self.fetch_s - self.fetch_cpu_s))
 
     @property
@@ -210,14 +218,18 @@ def pipeline_over(c: StageColumns, idx: Sequence[int],
         first = next((k for k, i in enumerate(idx[:first]) if c.worker_pids[i]), first)
     rchar, wchar, disk_s = ((c.main_rchar_s, c.main_wchar_s, c.main_read_s) if in_process
                             else (c.worker_rchar_s, c.worker_wchar_s, c.worker_read_s))
+    on_cpu = 0.0  # the workers' CPU where they were seen
     for i in idx[first:last + 1]:
         secs = c.secs[i]
         got = rchar[i]
         read += (max(0.0, got - wchar[i]) if cache else got) * secs
         disk += disk_s[i] * secs
         net += c.net_bytes[i]
-        if not in_process:  # (the loop's own wait is its compute's too)
+        if not in_process and c.has_workers[i]:  # (the loop's own wait is its compute's)
             queue += c.worker_queue_s[i]
+            on_cpu += c.worker_cpu_s[i]
+    if on_cpu > 0:  # NOTE [a fetch that waits for a core]: the fetch's part of the wait
+        queue *= cpu / on_cpu
     return Pipeline(batches, samples, fetch, cpu, collate, idle, files, handovers, handover,
                     read, disk, in_process, processes, net, mapped, on_disk, queue)
 

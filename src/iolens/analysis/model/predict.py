@@ -101,12 +101,16 @@ class Model:
     """The model of one run, with resamples of it for the interval of its predictions."""
 
     def __init__(self, run: Sequence[dict[str, Any]] | StageColumns, cpus: int | None,
-                 storage_sps: float | None = None) -> None:
+                 storage_sps: float | None = None, workers: int | None = None) -> None:
         self.cpus = cpus
         self.columns = run if isinstance(run, StageColumns) else StageColumns.of(run)
         """The timed intervals' figures (``run``: their records, or their columns, read
         once: NOTE [columns] in iolens/analysis/columns/__init__.py)."""
-        self.whole = figures(self.columns, cpus, storage_sps)
+        self.workers = workers
+        """The run's num_workers where the caller read it from more than the timed
+        intervals (NOTE [the workers a run declared] in
+        iolens/analysis/model/records.py), else as they declare it."""
+        self.whole = figures(self.columns, cpus, storage_sps, workers)
         self.unavailable: str | None = None
         """Why the model predicts nothing though it has figures (too few batches)."""
         self.draws: list[Figures] = []
@@ -142,8 +146,8 @@ class Model:
         it, without reading the run again)."""
         whole = self.whole
         if whole is None or dataclasses.replace(whole, storage_sps=storage_sps) != figures(
-                self.columns, self.cpus, storage_sps):
-            return Model(self.columns, self.cpus, storage_sps)
+                self.columns, self.cpus, storage_sps, self.workers):
+            return Model(self.columns, self.cpus, storage_sps, self.workers)
         out = copy.copy(self)
         out.whole = dataclasses.replace(whole, storage_sps=storage_sps)
         out.draws = [dataclasses.replace(d, storage_sps=storage_sps) for d in self.draws]

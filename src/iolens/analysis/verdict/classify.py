@@ -87,7 +87,8 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     if isinstance(meta.get("run_dir"), str):
         v.run_dir = shlex.quote(meta["run_dir"])
     v.loaders = [d for d in meta.get("loaders") or [] if isinstance(d, dict)]
-    model = Model(steps, int(meta.get("cpus") or 0) or None)
+    model = Model(steps, int(meta.get("cpus") or 0) or None,
+                  workers=pm.declared_workers(columns) or None)
     v.model = model if model.whole is not None else None
     stall = write_stall(cols, share)
     if stall is not None:
