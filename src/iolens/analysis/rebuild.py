@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -174,6 +173,8 @@ def rebuild_rollups(path: str, slot_s: float, jobs: int | None = None) -> Rebuil
     if jobs == 1:
         parts = [_fold_part(path, 0, size, slot_s)]
     else:
+        from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415 - rarely needed
+
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             parts = list(pool.map(_fold_part, [path] * jobs, bounds[:-1], bounds[1:],
                                   [slot_s] * jobs))

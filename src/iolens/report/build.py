@@ -37,8 +37,6 @@ from iolens.analysis.pipeline import pipeline_over, stage_series
 from iolens.analysis.rundata import RunData
 from iolens.analysis.verdict import diagnose, rank_figures
 from iolens.rundir import records as trecords
-from iolens.rundir.timing import TimingReader, TrainingAggregator
-from iolens.training.autotune import settings_text
 
 REPORT_SCHEMA = 1
 # Above this many bytes of per-batch timing files, distributions come from the
@@ -82,6 +80,8 @@ def autotune(meta: dict[str, Any]) -> list[dict[str, Any]] | None:
     at = meta.get("autotune")
     if not isinstance(at, dict):
         return None
+    from iolens.training.autotune import settings_text  # noqa: PLC0415 - autotuned runs only
+
     out = []
     for t in at.get("loaders") or []:
         if not isinstance(t, dict):
@@ -229,6 +229,11 @@ def _exact_distributions(run: RunData,
         names += found
     if not names or size > _MAX_TIMING_BYTES or size < trecords.RECORD_BYTES:
         return None
+    from iolens.rundir.timing import (  # noqa: PLC0415 - a run without timing needs none
+        TimingReader,
+        TrainingAggregator,
+    )
+
     agg = TrainingAggregator()
     TimingReader(tdir, spare=spare).poll(agg)
     if spare is not None and any(n.startswith(spare + os.sep) for n in names):

@@ -150,6 +150,12 @@ class StageColumns:
     """Bytes read from devices on the job's behalf by each helper outside it (a local
     server of a network dataset, a FUSE daemon) in the interval, one entry per storage
     entry."""
+    waiting_s: tuple[float, ...]
+    """How long the loop had waited for a batch at the interval's end, where it waited
+    (NOTE [no batch for a while] in iolens/recorder/sampler.py)."""
+    waiting: tuple[tuple[tuple[bool, int, str, str], ...], ...]
+    """Where each process of the loader waited then, as the recorder saw it: whether it
+    is not the training process, its pid, its role, and its state and where it sleeps."""
 
     @property
     def n(self) -> int:
@@ -238,7 +244,23 @@ def _row(rec: Any) -> tuple[Any, ...]:
         bool(rec.get("gpu")) if isinstance(rec, dict) else False,
         tuple((amount(f, "server_read_bytes_s") + amount(f, "daemon_read_bytes_s")) * s
               for f in st.values()) if isinstance(st, dict) else (),
+        amount(t, "waiting_s"), _waiting(t.get("waiting")),
     )
+
+
+def _waiting(procs: Any) -> tuple[tuple[bool, int, str, str], ...]:
+    """:attr:`StageColumns.waiting` of a record's ``train.waiting``."""
+    out = []
+    for p in procs if isinstance(procs, list) else ():
+        if not isinstance(p, dict):
+            continue
+        at = ", ".join(x for x in (f"in {p['syscall']}" if p.get("syscall") else "",
+                                   f"at {p['wchan']}" if p.get("wchan") else "") if x)
+        pid = p.get("pid")
+        role = p.get("role")
+        out.append((role != "main", pid if type(pid) is int else 0, str(role),
+                    f"{p.get('state')}" + (f", {at}" if at else "")))
+    return tuple(out)
 
 
 _FIELDS = tuple(StageColumns.__dataclass_fields__)
@@ -284,6 +306,10 @@ def _workers(c: StageColumns, name: str, g: Sequence[int]) -> float:
     return max((c.num_workers[i] for i in g if c.epochs[i]), default=0.0)
 
 
+def _last(c: StageColumns, name: str, g: Sequence[int]) -> Any:
+    return getattr(c, name)[g[-1]]
+
+
 def _helpers(c: StageColumns, name: str, g: Sequence[int]) -> tuple[float, ...]:
     out: list[float] = []
     for i in g:
@@ -305,7 +331,8 @@ _FOLD.update(
     main_wchar_s=_by("secs"), main_read_s=_by("secs"), worker_rchar_s=_by("secs"),
     worker_wchar_s=_by("secs"), worker_read_s=_by("secs"), worker_cpu_pct=_by("secs"),
     loader=_any, marks=_any, p_in_process=_any, iterable=_any, has_workers=_any,
-    has_job=_any, has_gpu=_any, num_workers=_workers, helper_b=_helpers)
+    has_job=_any, has_gpu=_any, num_workers=_workers, helper_b=_helpers, waiting_s=_last,
+    waiting=_last)
 
 
 def added(col: Iterable[float]) -> float:

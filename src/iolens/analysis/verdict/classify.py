@@ -76,7 +76,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     findings = [blind] if blind is not None else []
     storage = served_storage(meta)
     if batches == 0:
-        v = _no_steps(records, meta, figures, findings)
+        v = _no_steps(records, columns, meta, figures, findings)
         v.storage = storage
         return v
     step_s = added(steps.step_s)
@@ -103,7 +103,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     if batches < rules.MIN_BATCHES:
         v.evidence.append(f"only {plural(batches, 'batch', 'batches')} timed: a longer run "
                           "gives a firmer verdict")
-    v.findings = findings + all_findings(records, cols, v)
+    v.findings = findings + all_findings(cols, v)
     hang = next((f for f in v.findings if f.cls == "hang"), None)
     step_s = sum(steps.step_s)
     if hang is not None and num(train(records[-1]), "waiting_s") > step_s:
@@ -237,7 +237,7 @@ def _figures(run: StageColumns, steps: StageColumns, meta: dict[str, Any]) -> di
         "cpus": meta.get("cpus"),
     }
 
-def _no_steps(records: Sequence[dict[str, Any]], meta: dict[str, Any],
+def _no_steps(records: Sequence[dict[str, Any]], run: StageColumns, meta: dict[str, Any],
               figures: dict[str, Any], findings: list[Finding]) -> Verdict:
     why: list[str] = []
     if meta.get("instrumented") is False:
@@ -274,7 +274,7 @@ def _no_steps(records: Sequence[dict[str, Any]], meta: dict[str, Any],
             f"{max(0.0, end_of(records[-1]) - start):.0f} s until the recording ended"
             + (f" (exit code {meta['exit_code']})" if isinstance(meta.get("exit_code"), int)
                else ""))
-        hang = hang_finding(records)
+        hang = hang_finding(run)
         if hang is not None:  # the headline: it hung, and where its processes wait
             v = Verdict(NO_STEPS, "unknown", None, evidence=[hang.evidence[0], why[-1]],
                         figures=figures, findings=[*findings, hang])

@@ -6,64 +6,56 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
 from iolens.analysis.columns import DeviceColumns, RunColumns, Span, StageColumns, added
 from iolens.analysis.verdict.figures import (
-    num,
     span_window,
-    train,
-    window_of,
 )
 from iolens.analysis.verdict.ranks import rank_figures, straggler
 from iolens.analysis.verdict.result import Finding, Recommendation, Verdict, Window, clock
 from iolens.core.words import plural
 
 
-def hang_finding(records: Sequence[dict[str, Any]]) -> Finding | None:
+def hang_finding(run: StageColumns) -> Finding | None:
     """The run ended while the loop waited for a batch (NOTE [no batch for a while] in
-    iolens/recorder/sampler.py): a hang, with where each process of the loader waits."""
-    last = train(records[-1]) if records else {}
-    since = num(last, "waiting_s")
+    iolens/recorder/sampler.py): a hang, with where each process of the loader waits.
+    ``run``: the columns of all the run's intervals."""
+    since = run.waiting_s[-1] if run.n else 0.0
     if since <= 0:
         return None
     # Where they waited: each process as most intervals of the hang saw it (a tie goes to
     # the earlier). The last intervals may come as the job is stopped (a worker running
     # its signal handler, a main process gone), so no single one speaks for the hang.
-    hung: list[dict[str, Any]] = []
-    for r in reversed(records[-rules.HANG_LOOKBACK:]):
-        if num(train(r), "waiting_s") <= 0:
+    hung: list[int] = []
+    for i in reversed(range(max(0, run.n - rules.HANG_LOOKBACK), run.n)):
+        if run.waiting_s[i] <= 0:
             break
-        hung.insert(0, train(r))
+        hung.insert(0, i)
     seen: dict[tuple[bool, int, str], Counter[str]] = {}
-    for t in hung:
-        for p in t.get("waiting") or []:
-            if not isinstance(p, dict):
-                continue
-            at = ", ".join(x for x in (f"in {p['syscall']}" if p.get("syscall") else "",
-                                       f"at {p['wchan']}" if p.get("wchan") else "") if x)
-            who = (p.get("role") != "main", int(p.get("pid") or 0), str(p.get("role")))
-            seen.setdefault(who, Counter())[f"{p.get('state')}" + (f", {at}" if at else "")] += 1
+    for i in hung:
+        for others, pid, role, state in run.waiting[i]:
+            seen.setdefault((others, pid, role), Counter())[state] += 1
     where = [f"{who[2]} {who[1]} ({seen[who].most_common(1)[0][0]})" for who in sorted(seen)]
+    last = run.n - 1
     return Finding("hang", [
         f"no batch came in the last {since:.0f} s recorded: the loop was waiting in next() "
         "for one"
-        + (f"; {', '.join(where)}" if where else "")], window_of(records[-1:], "hang"), [
+        + (f"; {', '.join(where)}" if where else "")],
+        Window(max(0.0, run.elapsed_s[last] - run.secs[last]), run.elapsed_s[last], "hang"), [
         Recommendation(
             "see where the workers wait (py-spy dump --pid PID, or faulthandler), and set "
             "DataLoader(timeout=SECONDS) so that a stuck batch raises instead of hanging; "
             "a spawned worker needs the script's `if __name__ == '__main__':` guard",
             f"the loop waited {since:.0f} s for one batch", "a job that fails fast")])
 
-def all_findings(records: Sequence[dict[str, Any]], cols: RunColumns,
-                 v: Verdict) -> list[Finding]:
+def all_findings(cols: RunColumns, v: Verdict) -> list[Finding]:
     """The findings beside the verdict; ``cols``: the run's columns (NOTE [columns] in
     iolens/analysis/columns/__init__.py)."""
     out: list[Finding] = []
-    hang = hang_finding(records)
+    hang = hang_finding(cols.run)
     if hang is not None:
         out.append(hang)
     slow = straggler(rank_figures(cols.ranks))
