@@ -17,7 +17,7 @@ from iolens.analysis.columns import DeviceColumns, DeviceLoad, StageColumns, amo
 from iolens.analysis.model import Figures, Model, rate
 from iolens.analysis.pipeline import pipeline
 from iolens.analysis.rundata import load_run
-from iolens.analysis.verdict.figures import num, secs_of, timed_records
+from iolens.analysis.verdict.figures import num, timed_records
 from iolens.rundir.rollup import Bucket
 
 BASE = Figures(steps_per_s=10.0, compute_s=0.020, handover_s=0.001, batch=16, workers=1,
@@ -701,6 +701,13 @@ def device_names(records: Sequence[dict[str, Any]]) -> list[str]:
         for name in rec.get("devices") or {}:
             names.setdefault(name, None)
     return list(names)
+
+
+def secs_of(rec: dict[str, Any]) -> float:
+    try:
+        return max(0.0, float(rec.get("interval_s") or 0.0))
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def device_load(recs: Iterable[dict[str, Any]], name: str) -> DeviceLoad:

@@ -605,6 +605,23 @@ def test_the_hand_over_advice_knows_what_the_batches_hold() -> None:
         hand.action)
 
 
+def test_steps_marked_by_hand_give_their_rate_and_window_and_ask_for_the_wait() -> None:
+    """iolens.step() marks and no DataLoader batch: the steps' figures, the window of the
+    intervals that marked them, and how to time the data too."""
+    records = [rec(i, batches=0) for i in range(12)]
+    for i in range(3, 9):  # 00:03-00:09: 4 steps of 0.2 s a second
+        t = records[i]["train"]
+        t.update(step_source="marks", step={"count": 4, "sum_s": 0.8, "p50_s": 0.19 + i / 100})
+    v = diagnose(records, META)
+    assert v.cls == "steps-only" and v.severity == "unknown"
+    assert v.figures["steps"] == 24 and v.figures["steps_per_s"] == 5.0
+    assert v.figures["step_p50_s"] == pytest.approx(0.245)  # the median of 0.22-0.27
+    assert v.evidence[0].startswith("24 steps timed between calls of iolens.step(), 5.00 "
+                                    "steps/s, median step 245.0 ms"), v.evidence
+    assert [(w.start, w.end, w.label) for w in v.windows] == [(3.0, 9.0, "steps-only")]
+    assert v.recommendations[0].action.startswith("time the data too")
+
+
 def test_a_run_that_ends_waiting_for_a_batch_is_hung() -> None:
     waiting = [{"pid": 10, "role": "main", "state": "S", "syscall": "poll"},
                {"pid": 11, "role": "worker", "state": "S", "wchan": "wait_for_partner",

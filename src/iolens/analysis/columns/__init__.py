@@ -40,8 +40,8 @@ one by one: the recorded runs' reports are byte for byte those of the code that 
 records). The verdict's windows are interval indices into the columns, not lists of
 records; the model's resampling blocks are folded from the columns (NOTE [blocks from
 the columns] in stage.py). What still reads records: the long run's fold (a Bucket folds
-records), the verdict of a run that timed no batch (its marked steps, the epochs it
-began) and the report's HTML charts. `iolens compare` reads each run's columns (its
+records), the choice of an autotuned run's intervals by their clock time, and the
+report's HTML charts. `iolens compare` reads each run's columns (its
 interval samples, its per-interval distributions, the pipeline of its proof) and hands
 them to the verdicts."""
 

@@ -23,13 +23,9 @@ from iolens.analysis.columns import (
 )
 from iolens.analysis.model import Model
 from iolens.analysis.verdict.figures import (
-    end_of,
     num,
-    part_sum,
-    secs_of,
     span_window,
     train,
-    window_of,
 )
 from iolens.analysis.verdict.findings import all_findings, hang_finding, no_disk_stats
 from iolens.analysis.verdict.inputbound import input_bound
@@ -40,6 +36,7 @@ from iolens.analysis.verdict.result import (
     Finding,
     Recommendation,
     Verdict,
+    Window,
     clock,
     severity,
 )
@@ -76,7 +73,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     findings = [blind] if blind is not None else []
     storage = served_storage(meta)
     if batches == 0:
-        v = _no_steps(records, columns, meta, figures, findings)
+        v = _no_steps(columns, meta, figures, findings)
         v.storage = storage
         return v
     step_s = added(steps.step_s)
@@ -237,8 +234,10 @@ def _figures(run: StageColumns, steps: StageColumns, meta: dict[str, Any]) -> di
         "cpus": meta.get("cpus"),
     }
 
-def _no_steps(records: Sequence[dict[str, Any]], run: StageColumns, meta: dict[str, Any],
-              figures: dict[str, Any], findings: list[Finding]) -> Verdict:
+def _no_steps(run: StageColumns, meta: dict[str, Any], figures: dict[str, Any],
+              findings: list[Finding]) -> Verdict:
+    """No batch timed: why, from the run's columns (``run``: all its intervals) and meta,
+    and what to do."""
     why: list[str] = []
     if meta.get("instrumented") is False:
         why.append("the run was recorded with --no-instrument, so no batch was timed")
@@ -257,21 +256,21 @@ def _no_steps(records: Sequence[dict[str, Any]], run: StageColumns, meta: dict[s
             "run again with --set settings the loader can take", set_error,
             "a run with the settings asked for"))
         return v
-    marked = [r for r in records if train(r).get("step_source") == "marks"]
-    marks = sum(num(train(r).get("step") or {}, "count") for r in marked)
+    marked = [i for i in range(run.n) if run.marks[i]]
+    marks = sum(run.step_count[i] for i in marked)
     if marks:
-        return _steps_only(marked, int(marks), figures, findings)
-    if not records:
+        return _steps_only(run, marked, marks, figures, findings)
+    if not run.n:
         why.append("no interval was recorded (the run ended at once, or its records are lost)")
-    began = [r for r in records if num(train(r), "epochs_started")]
+    began = [i for i in range(run.n) if run.epochs[i]]
     if began and not why:
         # The loop began iterating a DataLoader: no batch came, however long it waited.
-        workers = max(int(num(train(r), "num_workers")) for r in began)
-        start = max(0.0, end_of(began[0]) - secs_of(began[0]))
+        workers = max(int(run.num_workers[i]) for i in began)
+        start = max(0.0, run.elapsed_s[began[0]] - run.secs[began[0]])
         why.append(
             f"the loop began iterating a DataLoader ({plural(workers, 'worker')}) in the "
             f"interval from {clock(start)} and no batch came in the "
-            f"{max(0.0, end_of(records[-1]) - start):.0f} s until the recording ended"
+            f"{max(0.0, run.elapsed_s[-1] - start):.0f} s until the recording ended"
             + (f" (exit code {meta['exit_code']})" if isinstance(meta.get("exit_code"), int)
                else ""))
         hang = hang_finding(run)
@@ -315,12 +314,12 @@ def _no_steps(records: Sequence[dict[str, Any]], run: StageColumns, meta: dict[s
                                             "a verdict with evidence instead of none"))
     return v
 
-def _steps_only(marked: Sequence[dict[str, Any]], marks: int, figures: dict[str, Any],
-                findings: list[Finding]) -> Verdict:
-    """Steps marked with iolens.step() and no batch timed: the step figures, and how to get
-    the data wait too."""
-    step_s = sum(part_sum(r, "step") for r in marked)
-    p50s = [num(train(r).get("step") or {}, "p50_s") for r in marked]
+def _steps_only(run: StageColumns, marked: Sequence[int], marks: int,
+                figures: dict[str, Any], findings: list[Finding]) -> Verdict:
+    """Steps marked with iolens.step() and no batch timed (in the intervals ``marked`` of
+    the run's columns): the step figures, and how to get the data wait too."""
+    step_s = sum(run.step_s[i] for i in marked)
+    p50s = [run.step_p50_s[i] for i in marked]
     figures.update({"steps": marks, "step_source": "marks",
                     "step_time_s": round(step_s / marks, 6) if marks else None,
                     "step_p50_s": round(statistics.median(p50s), 6) if p50s else None,
@@ -333,9 +332,9 @@ def _steps_only(marked: Sequence[dict[str, Any]], marks: int, figures: dict[str,
                 + "; which part of each step waits for data is not timed"]
     v = Verdict(STEPS_ONLY, "unknown", None, evidence=evidence, figures=figures,
                 findings=findings)
-    w = window_of(marked, STEPS_ONLY)
-    if w:
-        v.windows.append(w)
+    first, last = marked[0], marked[-1]
+    v.windows.append(Window(max(0.0, run.elapsed_s[first] - run.secs[first]),
+                            run.elapsed_s[last], STEPS_ONLY))
     v.recommendations.append(Recommendation(
         "time the data too: iterate over `iolens.instrument(loader)` (any iterable of "
         "batches), so that each batch's wait is timed beside the steps",

@@ -1,7 +1,7 @@
 """The figures the verdict reads of a run: over spans of its columns (NOTE [columns] in
 iolens/analysis/columns/__init__.py) the windows, the workers' CPU, the machine's idle,
-the D states, the hand-over and the bursts of waits; out of its records still whether an
-interval was timed, and the windows of a hang and of steps marked by hand.
+the D states, the hand-over and the bursts of waits; and which of its records timed
+batches (what `iolens tune --run` models).
 """
 
 from __future__ import annotations
@@ -16,25 +16,8 @@ from iolens.analysis.pipeline import Pipeline
 from iolens.analysis.verdict.result import Window
 
 
-def secs_of(rec: dict[str, Any]) -> float:
-    try:
-        return max(0.0, float(rec.get("interval_s") or 0.0))
-    except (TypeError, ValueError):
-        return 0.0
-
-def end_of(rec: dict[str, Any]) -> float:
-    try:
-        return float(rec.get("elapsed_s") or 0.0)
-    except (TypeError, ValueError):
-        return 0.0
-
-def window_of(recs: Sequence[dict[str, Any]], label: str) -> Window | None:
-    if not recs:
-        return None
-    return Window(max(0.0, end_of(recs[0]) - secs_of(recs[0])), end_of(recs[-1]), label)
-
 def span_window(span: Span, label: str) -> Window | None:
-    """:func:`window_of` the span's intervals, from its columns."""
+    """The window of the span's intervals: from the first's start to the last's end."""
     bounds = span.bounds()
     return Window(*bounds, label) if bounds is not None else None
 
@@ -56,9 +39,6 @@ def timed_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def is_timed(rec: dict[str, Any]) -> bool:
     t = train(rec)
     return t.get("step_source") == "dataloader" and num(t, "batches") > 0
-
-def part_sum(rec: dict[str, Any], part: str) -> float:
-    return num(train(rec).get(part) or {}, "sum_s")
 
 def worker_figures(c: StageColumns, picks: Sequence[int]) -> tuple[int, float]:
     """Most workers seen at once, and their mean CPU per worker (% of a core) over the
