@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from iolens.analysis import model as pm
 from iolens.analysis import rules
 from tests.test_lab import quiet_case, run_case
 
@@ -330,16 +331,26 @@ def test_a_run_with_nothing_worth_changing_is_told_so_and_the_best_candidate_gai
             break
     assert rules.MODERATE <= v["data_wait_share"] < rules.HIGH, (shares, v)
     first = v["recommendations"][0]
-    assert first["action"].startswith("leave the input pipeline as it is"), first
-    assert not any(r["prediction"] for r in v["recommendations"]), v["recommendations"]
     assert not any("iolens tune" in r["action"] for r in v["recommendations"]), v
-    best = max(v["declined"], key=lambda r: r["prediction"]["steps_per_s"])
-    assert best["prediction"]["steps_per_s"] < rules.MIN_GAIN * measured(before), best
-    # the text gives three figures of the unrounded rate, the JSON three decimals: 30.9504
-    # reads "31" in one and 30.95 (below it in binary, "30.9" again at three figures) in the other
-    said = re.search(r"is predicted at ([0-9.]+) steps/s", first["action"])
-    assert said, first
-    assert float(said[1]) == pytest.approx(best["prediction"]["steps_per_s"], rel=0.006), first
+    if first["action"].startswith("make each batch cheaper to hand over"):
+        # A run that waited more than most (12% in one CI run, 7.0-7.5% in quiet runs
+        # here) can put the hand-over's candidate just over the gain advice needs (5.05%
+        # there): then it is advised, as a marginal call (under the model's own error),
+        # and it is followed below and must hold its prediction.
+        best = first
+        assert best["prediction"]["steps_per_s"] < (1 + pm.MODEL_ERROR) * measured(before), best
+    else:
+        assert first["action"].startswith("leave the input pipeline as it is"), first
+        assert not any(r["prediction"] for r in v["recommendations"]), v["recommendations"]
+        best = max(v["declined"], key=lambda r: r["prediction"]["steps_per_s"])
+        assert best["prediction"]["steps_per_s"] < rules.MIN_GAIN * measured(before), best
+        # the text gives three figures of the unrounded rate, the JSON three decimals:
+        # 30.9504 reads "31" in one and 30.95 (below it in binary, "30.9" again at three
+        # figures) in the other
+        said = re.search(r"is predicted at ([0-9.]+) steps/s", first["action"])
+        assert said, first
+        assert float(said[1]) == pytest.approx(best["prediction"]["steps_per_s"],
+                                               rel=0.006), first
     # the candidate followed: half the bytes a batch (the hand-over), or more workers
     kind, workers = (("steady-half", "2") if "handover" in best["change"]
                      else ("steady", str(best["change"]["num_workers"])))
@@ -347,3 +358,5 @@ def test_a_run_with_nothing_worth_changing_is_told_so_and_the_best_candidate_gai
     d.mkdir()
     after, _ = run_case(d, TRAIN, kind, SECONDS, workers, "0.0003")
     assert measured(after) < 1.10 * measured(before), (best, measured(before), measured(after))
+    if best is first:  # advised: its prediction holds
+        held(best, [measured(after)])
