@@ -483,6 +483,14 @@ def test_a_cheaper_transform_is_held_against_the_model_of_the_cut_made() -> None
     pred, action = proof._remodelled(before, {"fetch_cpu": 0.52})
     assert action == "make the per-sample work cheaper" and pred is not None
     assert pred.steps_per_s == pytest.approx(halved.steps_per_s, rel=0.05)
+    # the cut made, and the hand-over faster besides (the workers wait less for a core):
+    # the advice, made as measured
+    pred, action = proof._remodelled(before, {"fetch_cpu": 0.34, "handover": 0.72})
+    assert action.startswith("make the per-sample work cheaper (made as: "), action
+    assert "the hand-over times 0.72" in action and pred is not None
+    # a hand-over cut alone was not advised
+    pred, action = proof._remodelled(before, {"handover": 0.5})
+    assert action.endswith("(not as advised)"), action
     # 9 workers where 4 were advised: the model of 9
     pred, action = proof._remodelled(before, {"num_workers": 9})
     assert action.endswith("(not as advised)") and "num_workers 2 to 9" in action

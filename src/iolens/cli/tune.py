@@ -151,15 +151,19 @@ def step_load(ns: argparse.Namespace) -> Any:
     if ns.run is None:
         return None
     from iolens._errors import IolensError  # noqa: PLC0415
-    from iolens.analysis.model import Model  # noqa: PLC0415
+    from iolens.analysis.columns import StageColumns  # noqa: PLC0415
+    from iolens.analysis.model import Model, declared_workers  # noqa: PLC0415
     from iolens.analysis.rundata import load_run  # noqa: PLC0415
-    from iolens.analysis.verdict import timed_records  # noqa: PLC0415
 
     try:
         run = load_run(ns.run)
     except IolensError as exc:
         p.error(f"--run {ns.run}: {exc}")
-    f = Model(timed_records(run.records), int(run.meta.get("cpus") or 0) or None).whole
+    cols = StageColumns.of(run.records)
+    timed = [i for i in range(cols.n) if cols.loader[i] and cols.batches[i] > 0]
+    # (the workers the whole run declared: NOTE [the workers a run declared])
+    f = Model(cols.take(timed), int(run.meta.get("cpus") or 0) or None,
+              workers=declared_workers(cols) or None).whole
     if f is None:
         p.error(f"--run {ns.run}: the run has no timed training steps and stages to take "
                 "the step from (record it with `iolens run`, which times them)")

@@ -9,8 +9,7 @@ GPU's figures, and :class:`CpuColumns` the machine's CPU, with the indices of th
 intervals that have them (in ``named``); :class:`RunColumns` and :class:`Span` what the
 verdict reads (in ``run``). Built once from a run's records (or from the model's
 resampling blocks), any span or pick of intervals is then summed from them without
-reading a record again: the model
-(:func:`iolens.analysis.model.figures`), the pipeline
+reading a record again: the model (:func:`iolens.analysis.model.figures`), the pipeline
 (:func:`iolens.analysis.pipeline.pipeline_over`), the verdict (:class:`RunColumns`, and
 its windows as :class:`Span`) and the report's tables.
 """

@@ -25,7 +25,6 @@ from iolens.analysis.model import Model
 from iolens.analysis.verdict.figures import (
     num,
     span_window,
-    train,
 )
 from iolens.analysis.verdict.findings import all_findings, hang_finding, no_disk_stats
 from iolens.analysis.verdict.inputbound import input_bound
@@ -103,7 +102,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     v.findings = findings + all_findings(cols, v)
     hang = next((f for f in v.findings if f.cls == "hang"), None)
     step_s = sum(steps.step_s)
-    if hang is not None and num(train(records[-1]), "waiting_s") > step_s:
+    if hang is not None and columns.waiting_s[-1] > step_s:
         # It hung for longer than it trained: that is what the run says, first.
         v.cls, v.severity = HUNG, "high"
         v.evidence.insert(0, hang.evidence[0])
