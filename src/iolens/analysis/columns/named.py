@@ -72,14 +72,12 @@ class DeviceColumns:
         return _named(cls, records, lambda rec: rec.get("devices"))
 
     @staticmethod
-    def _entry(d: dict[str, Any], s: float) -> Iterable[tuple[str, Any]]:
+    def _entry(d: dict[str, Any], s: float) -> tuple[Any, ...]:
         ri, wi = amount(d, "r_s") * s, amount(d, "w_s") * s
         util, rkb, wkb = amount(d, "util"), amount(d, "rkB_s"), amount(d, "wkB_s")
-        return (("util", util), ("peak", amount(d, "util_max") if "util_max" in d else util),
-                ("rkb_s", rkb), ("wkb_s", wkb), ("util_s", util * s), ("rkb", rkb * s),
-                ("wkb", wkb * s), ("aqu_s", amount(d, "aqu_sz") * s), ("r_ios", ri),
-                ("w_ios", wi), ("r_wait", amount(d, "r_await") * ri),
-                ("w_wait", amount(d, "w_await") * wi))
+        return (util, amount(d, "util_max") if "util_max" in d else util, rkb, wkb, util * s,
+                rkb * s, wkb * s, amount(d, "aqu_sz") * s, ri, wi, amount(d, "r_await") * ri,
+                amount(d, "w_await") * wi)
 
     def load(self, within: Container[int] | None = None) -> DeviceLoad:
         """The device over all its intervals, or those of the run's intervals ``within``
@@ -127,10 +125,9 @@ class RoleColumns:
         return _named(cls, records, lambda rec: _dict(rec.get("job"), "roles"))
 
     @staticmethod
-    def _entry(d: dict[str, Any], s: float) -> Iterable[tuple[str, Any]]:
-        return (("pids", amount(d, "pids")), ("cpu", amount(d, "cpu_pct") * s),
-                ("read", amount(d, "read_bytes_s") * s),
-                ("write", amount(d, "write_bytes_s") * s), ("rchar", amount(d, "rchar_s") * s))
+    def _entry(d: dict[str, Any], s: float) -> tuple[Any, ...]:
+        return (amount(d, "pids"), amount(d, "cpu_pct") * s, amount(d, "read_bytes_s") * s,
+                amount(d, "write_bytes_s") * s, amount(d, "rchar_s") * s)
 
 
 @dataclass(frozen=True)
@@ -155,11 +152,10 @@ class StoreColumns:
         return _named(cls, records, lambda rec: rec.get("storage"))
 
     @staticmethod
-    def _entry(d: dict[str, Any], s: float) -> Iterable[tuple[str, Any]]:
-        return (("waiting", None if d.get("waiting") is None else amount(d, "waiting")),
-                ("connections", amount(d, "connections")),
-                ("new_connections_s", amount(d, "new_connections_s")),
-                ("rx_bytes_s", amount(d, "rx_bytes_s")))
+    def _entry(d: dict[str, Any], s: float) -> tuple[Any, ...]:
+        return (None if d.get("waiting") is None else amount(d, "waiting"),
+                amount(d, "connections"), amount(d, "new_connections_s"),
+                amount(d, "rx_bytes_s"))
 
     def rows(self, within: Container[int]) -> list[int]:
         """The positions (in these columns) of the intervals ``within`` (run indices)."""
@@ -193,9 +189,8 @@ class RankColumns:
         return _named(cls, records, lambda rec: _train(rec).get("ranks"))
 
     @staticmethod
-    def _entry(d: dict[str, Any], s: float) -> Iterable[tuple[str, Any]]:
-        return (("batches", amount(d, "batches")), ("wait_s", amount(d, "data_wait_s")),
-                ("step_s", amount(d, "step_s")))
+    def _entry(d: dict[str, Any], s: float) -> tuple[Any, ...]:
+        return amount(d, "batches"), amount(d, "data_wait_s"), amount(d, "step_s")
 
 
 @dataclass(frozen=True)
@@ -259,21 +254,12 @@ class GpuColumns:
 
 def _named(cls: Any, records: Sequence[dict[str, Any]],
            maps: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
-    """The columns of class ``cls`` (its ``_entry`` makes an interval's entries) of each
-    name of the maps ``maps`` finds in a record, in the order the records name them."""
-    return {name: cls(name, **c) for name, c in _by_key(
-        records, maps, cls.__dataclass_fields__, cls._entry).items()}
-
-
-def _by_key(records: Sequence[dict[str, Any]], maps: Callable[[dict[str, Any]], Any],
-            fields: Iterable[str],
-            entry: Callable[[dict[str, Any], float], Iterable[tuple[str, Any]]]
-            ) -> dict[str, dict[str, tuple[Any, ...]]]:
-    """For each name of the maps of figures that ``maps`` finds in a record (its devices,
-    its roles), the columns ``entry`` makes of them in each interval that has them, with
-    ``at`` (the interval's index) and ``secs`` (its seconds), in the order the records name
-    them."""
-    cols: dict[str, dict[str, list[Any]]] = {}
+    """The columns of class ``cls`` of each name of the maps ``maps`` finds in a record, in
+    the order the records name them: ``at`` (the interval's index), ``secs`` (its seconds)
+    and, in the order of the class's fields after them, the entries its ``_entry`` makes of
+    the name's figures in each interval that has them."""
+    rows: dict[str, list[tuple[Any, ...]]] = {}
+    entry = cls._entry
     for i, rec in enumerate(records):
         named = maps(rec) if isinstance(rec, dict) else None
         if not isinstance(named, dict) or not named:
@@ -282,11 +268,8 @@ def _by_key(records: Sequence[dict[str, Any]], maps: Callable[[dict[str, Any]], 
         for name, d in named.items():
             if not isinstance(d, dict):
                 continue
-            c = cols.get(name)
-            if c is None:
-                c = cols[name] = {f: [] for f in fields if f != "name"}
-            c["at"].append(i)
-            c["secs"].append(s)
-            for f, v in entry(d, s):
-                c[f].append(v)
-    return {name: {f: tuple(v) for f, v in c.items()} for name, c in cols.items()}
+            have = rows.get(name)
+            if have is None:
+                have = rows[name] = []
+            have.append((i, s, *entry(d, s)))
+    return {name: cls(name, *zip(*have, strict=True)) for name, have in rows.items()}
