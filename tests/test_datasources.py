@@ -339,3 +339,8 @@ def test_a_batch_names_the_types_it_holds() -> None:
         "numpy.ndarray", "list"}
     assert _hooks.leaf_types([torch.zeros(1), [torch.zeros(1)], {"k": 3}]) == {
         "torch.Tensor", "builtins.int"}
+    # how many tensors: each is a shared-memory handle of its own on its way to the loop
+    assert _hooks.tensor_leaves((torch.zeros(2), torch.zeros(2))) == 2
+    fields = {f"f{k}": torch.zeros(3) for k in range(16)}
+    assert _hooks.tensor_leaves({**fields, "names": ["a"], "ids": [torch.zeros(1)]}) == 17
+    assert _hooks.tensor_leaves([np.zeros(2), 3]) == 0

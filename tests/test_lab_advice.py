@@ -8,7 +8,7 @@ and holds the measured throughput against the prediction (goal: within 25%).
 - CPU-heavy samples with no core free: no more workers; cheaper samples (the prediction
   is for halving their CPU cost, which the second run does);
 - idle workers whose wait is the hand-over: more workers are predicted to gain nothing,
-  and they do not;
+  and they do not; where the batch holds many tensors, one tensor a batch;
 - a run whose workers keep up, waiting a moderate share for each batch's hand-over: the
   verdict says to leave the input pipeline alone, with the best candidate's figure, and
   the candidate followed gains under 10%.
@@ -57,9 +57,15 @@ class Samples(Dataset):
                 pass
         elif KIND.startswith("steady"):  # a fast remote store, a larger sample
             time.sleep(COST)
-            return torch.zeros(2048 if KIND == "steady-half" else 4096), i % 4
+            if KIND == "steady-one":  # its label in the one tensor
+                return torch.zeros(4097)
+            return torch.zeros(4096), i % 4
         if KIND == "handover":
             return bytes(1 << 20)  # 1 MiB per sample, pickled through the pipe whole
+        if KIND == "fields":  # 16 fields, a tensor each: 16 tensors a batch
+            return {f"field{k}": torch.zeros(256) for k in range(16)}
+        if KIND == "fields-one":  # the same 16 fields stacked into one tensor
+            return torch.zeros(16, 256)
         return torch.zeros(64), i % 4
 
 def keep(batch):
@@ -67,8 +73,8 @@ def keep(batch):
 
 batch, step = {"remote": (16, 0.02), "remote-pause": (16, 0.02), "remote-short": (16, 0.02),
                "cpu": (8, 0.002),
-               "handover": (4, 0.002),
-               "steady": (32, 0.016), "steady-half": (32, 0.016)}[KIND]
+               "handover": (4, 0.002), "fields": (8, 0.002), "fields-one": (8, 0.002),
+               "steady": (32, 0.016), "steady-one": (32, 0.016)}[KIND]
 loader = DataLoader(Samples(), batch_size=batch, num_workers=WORKERS,
                     collate_fn=keep if KIND == "handover" else None,
                     persistent_workers=WORKERS > 0)
@@ -307,6 +313,28 @@ def test_idle_workers_behind_the_hand_over_get_the_hand_over_advice(tmp_path: Pa
     assert first["prediction"] and first["prediction"]["limit"] in ("compute", "handover", "cpu")
 
 
+def test_a_batch_of_many_tensors_is_told_to_hand_over_one_and_that_holds(
+        tmp_path: Path) -> None:
+    """NOTE [a tensor's hand-over] in iolens/analysis/verdict/workers.py: 16 fields a
+    sample, a tensor each, through 2 workers that keep up. The loop waits for each batch's
+    16 shared-memory handles; the advice is one tensor a batch (not fewer bytes), and
+    its prediction holds when the fields are stacked into one. Here: 200 steps/s before,
+    317 predicted, 374 measured after (+18%): the model's hand-over of one tensor (0.17 of
+    16's) is a little above the one measured (0.19 of it, 0.51 ms against 2.75)."""
+    before, _ = run_case(tmp_path, TRAIN, "fields", SECONDS, "2", "0")
+    v, pipe = before["verdict"], before["pipeline"]
+    assert v["class"] == "handover-bound", v
+    assert pipe["worker_idle_share"] > 0.7, pipe
+    rec = first_fix(before, "handover")
+    assert v["recommendations"][0]["change"] == rec["change"], v  # (the first advice)
+    assert rec["action"].startswith("hand each batch over as one tensor: its 16 tensors"), rec
+    assert rec["change"] == {"handover": round(3 / 18, 3)}, rec
+    assert rec["prediction"]["steps_per_s"] >= rules.MIN_GAIN * measured(before), rec
+    after = follow(tmp_path, rec, "fields-one", SECONDS, "2", "0")
+    assert min(after) > measured(before), (measured(before), after)
+    held(rec, after)
+
+
 def test_a_run_with_nothing_worth_changing_is_told_so_and_the_best_candidate_gains_nothing(
         tmp_path: Path) -> None:
     """The review saw runs with nothing to fix get a class and "try: do not add DataLoader
@@ -351,8 +379,8 @@ def test_a_run_with_nothing_worth_changing_is_told_so_and_the_best_candidate_gai
         assert said, first
         assert float(said[1]) == pytest.approx(best["prediction"]["steps_per_s"],
                                                rel=0.006), first
-    # the candidate followed: half the bytes a batch (the hand-over), or more workers
-    kind, workers = (("steady-half", "2") if "handover" in best["change"]
+    # the candidate followed: one tensor a batch, not two (the hand-over), or more workers
+    kind, workers = (("steady-one", "2") if "handover" in best["change"]
                      else ("steady", str(best["change"]["num_workers"])))
     d = tmp_path / "after0"
     d.mkdir()

@@ -605,6 +605,31 @@ def test_the_hand_over_advice_knows_what_the_batches_hold() -> None:
         hand.action)
 
 
+def test_a_batch_of_tensors_is_told_to_hand_over_fewer_not_fewer_bytes() -> None:
+    """NOTE [a tensor's hand-over]: a batch of tensors is handed over at a cost a tensor,
+    whatever their bytes."""
+    records = piped(30, fetch=0.001, cpu=0.001, idle=0.05, handover=0.045, wait=0.05)
+
+    def advice(**loader: Any) -> list[Any]:
+        v = diagnose(records, {**META, "loaders": [
+            {"num_workers": 2, "batch_types": "torch.Tensor", **loader}]})
+        assert v.cls == "handover-bound", v.evidence
+        return [r for r in v.recommendations + v.declined if "hand" in r.action]
+
+    (one,) = advice(batch_tensors=16)
+    assert one.action.startswith("hand each batch over as one tensor: its 16 tensors"), one
+    assert one.change == {"handover": round(3 / 18, 3)} and one.prediction is not None
+    assert "bytes" not in one.action.split(";")[0].split("and their")[0], one.action
+    # one tensor a batch already: nothing to change in the hand-over, and no figure
+    (leave,) = advice(batch_tensors=1)
+    assert leave.action.startswith("leave the hand-over as it is") and leave.change is None
+    assert leave.prediction is None and "45.00 ms" in leave.action, leave.action
+    # pinned: the pinning thread copies each byte, and fewer bytes are the lever again
+    (pinned,) = advice(batch_tensors=16, pin_memory=True)
+    assert pinned.action.startswith("make each batch cheaper") and (
+        "pin_memory copies each byte" in pinned.action), pinned.action
+
+
 def test_steps_marked_by_hand_give_their_rate_and_window_and_ask_for_the_wait() -> None:
     """iolens.step() marks and no DataLoader batch: the steps' figures, the window of the
     intervals that marked them, and how to time the data too."""

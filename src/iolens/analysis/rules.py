@@ -54,6 +54,10 @@ core left for more workers."""
 FETCH_QUEUED = 0.25
 """Workers that wait for a core a quarter of their fetch or more, more of them than the job
 has cores, are told to be fewer."""
+HANDOVER_FIXED = 2.0
+"""A batch of tensors costs the loop, to take from a worker, a part of its own and a part
+for each tensor: the batch's own part is that of about 2 tensors (0.31 ms against 0.15 ms
+in the lab; NOTE [a tensor's hand-over] in iolens/analysis/verdict/workers.py)."""
 WORKER_CPU_SOME = 50.0
 """On a machine with no idle core, workers using half a core or more are held
 back by the CPU they share; workers using less mostly wait on something else,

@@ -21,7 +21,7 @@ import sys
 import time
 import weakref
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -227,13 +227,15 @@ class TimingWriter:
 
     def note_batch(self, tag: int, batch: Any) -> None:
         """Add the types a batch of loader ``tag`` holds (``batch_types``: ``torch.Tensor``,
-        ``numpy.ndarray``, ``list`` ...) to its settings: the hand-over advice says "return
-        tensors" only to a loader whose batches hold something else."""
+        ``numpy.ndarray``, ``list`` ...) and how many tensors (``batch_tensors``) to its
+        settings: the hand-over advice says "return tensors" only to a loader whose batches
+        hold something else, and "fewer tensors" to one whose batches hold many."""
         self.typed.add(tag << records.TAG_SHIFT)
         info = self.loaders.get(tag)
         if info is None or self.moved is not None:
             return
         info["batch_types"] = ",".join(sorted(leaf_types(batch)))
+        info["batch_tensors"] = tensor_leaves(batch)
         write_atomic(os.path.join(self._folder(), f"loader-{self.pid}-{tag}.json"),
                      json.dumps(info).encode())
 
@@ -383,7 +385,18 @@ def leaf_types(batch: Any, depth: int = 3, limit: int = 32) -> set[str]:
     """The types of the leaves of a batch (tuples, lists and dicts walked ``depth`` deep,
     ``limit`` leaves at most); a list of numbers or strings is a ``list`` leaf: it is
     pickled whole on its way from a worker, where a tensor goes through shared memory."""
-    out: set[str] = set()
+    return {_type_name(obj) if not isinstance(obj, list) else "list"
+            for obj in _leaves(batch, depth, limit)}
+
+
+def tensor_leaves(batch: Any, depth: int = 3, limit: int = 1024) -> int:
+    """How many tensors a batch holds (walked as :func:`leaf_types` walks it, ``limit``
+    leaves at most): each goes from a worker to the loop as its own shared-memory handle
+    (NOTE [a tensor's hand-over] in iolens/analysis/verdict/workers.py)."""
+    return sum(1 for obj in _leaves(batch, depth, limit) if _type_name(obj) == "torch.Tensor")
+
+
+def _leaves(batch: Any, depth: int, limit: int) -> Iterator[Any]:
     stack = [(batch, 0)]
     seen = 0
     while stack and seen < limit:
@@ -395,8 +408,7 @@ def leaf_types(batch: Any, depth: int = 3, limit: int = 32) -> set[str]:
             stack.extend((v, d + 1) for v in list(obj)[:limit])  # (not a list of scalars)
         else:
             seen += 1
-            out.add(_type_name(obj) if not isinstance(obj, list) else "list")
-    return out
+            yield obj
 
 
 def loader_settings(loader: Any) -> dict[str, Any]:

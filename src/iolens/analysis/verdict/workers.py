@@ -162,10 +162,38 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
             {"persistent_workers": True}, pm.no_epoch_starts(),
             basis=["without the epochs' first batches' wait"]))
     types = {t for d in v.loaders for t in str(d.get("batch_types") or "").split(",") if t}
+    tensors = max((n for d in v.loaders if type(n := d.get("batch_tensors")) is int),
+                  default=0)
+    pinned = any(d.get("pin_memory") is True for d in v.loaders)
+    if types == {"torch.Tensor"} and not pinned and tensors:
+        # NOTE [a tensor's hand-over]: the bytes count for nothing, the tensors do
+        if tensors >= 2:
+            factor = round((1 + rules.HANDOVER_FIXED) / (tensors + rules.HANDOVER_FIXED), 3)
+            v.offer(v.fix(
+                f"hand each batch over as one tensor: its {tensors} tensors each go from "
+                "the worker to the loop as a shared-memory handle of their own, and their "
+                "bytes count for little; stack a sample's fields into one tensor (and split "
+                "it again in the step)",
+                "the wait left is the batch's way from the worker to the loop",
+                "the hand-over's share of the wait", {"handover": factor},
+                pm.cheaper_handover(factor),
+                basis=[f"the hand-over of one tensor a batch, {factor:.2f} of that of "
+                       f"{tensors} (a batch's own share of it is that of "
+                       f"{rules.HANDOVER_FIXED:g} tensors)"]))
+        elif hand is not None:
+            v.recommendations.append(Recommendation(
+                f"leave the hand-over as it is: a batch of one tensor costs the loop "
+                f"{hand * 1000:.2f} ms to take from a worker whatever its bytes; only fewer "
+                "batches (a larger batch_size, a change to the training) would wait less",
+                "the wait left is the batch's way from the worker to the loop, a cost of "
+                "its own", "none from the hand-over",
+                unavailable="nothing to change: a batch of one tensor is handed over at its "
+                            "own cost"))
+        return
     if types == {"torch.Tensor"}:
         action = ("make each batch cheaper to hand over: keep it small in bytes (decode on "
                   "the GPU, or uint8 rather than float32); its tensors go through shared "
-                  "memory already")
+                  "memory already" + (", and pin_memory copies each byte" if pinned else ""))
     else:
         held = f" (the batches hold {', '.join(sorted(types))})" if types else ""
         action = ("make each batch cheaper to hand over: return tensors (moved through shared "
@@ -177,6 +205,22 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
         "the wait left is the batch's way from the worker to the loop",
         "the hand-over's share of the wait", {"handover": 0.5}, pm.cheaper_handover(0.5),
         basis=["if the hand-over took half as long"]))
+
+
+"""NOTE [a tensor's hand-over]: a tensor a worker returns is written into shared memory
+there, and the loop receives a handle to it (a file descriptor over a socket, then a
+mapping): what the loop pays a batch is a part of its own and a part for each tensor, not
+for each byte. The lab's case (2 workers that keep up, batches of 8 samples of 16 KiB, no
+pin_memory), its sample in 1, 2, 4, 8, 16 and 32 tensors: 0.46, 0.62, 0.89, 1.43, 2.75
+and 8.89 ms a batch handed over, as iolens times it (0.31 ms a batch and 0.15 ms a
+tensor up to 16: the batch's own part is that of about 2 tensors, rules.HANDOVER_FIXED;
+at 32 the loop is short of CPU, and the model's figure is the lesser gain). In the
+loop's own next(), samples of 128 KiB, 512 KiB and 2 MiB in one tensor took 1.03, 1.15
+and 0.97 ms a batch: smaller batches in bytes are no lever (the lab's steady case
+waited the same share at half its bytes), and fewer tensors are: from k tensors to one,
+the hand-over is (1 + 2) / (k + 2) of what it was (16 to 1: 0.17 predicted, 0.19
+measured). With pin_memory, the loop's pinning thread copies each byte, and the bytes
+count again: the advice is then to make the batch smaller."""
 
 def tune(v: Verdict) -> Recommendation:
     """Points the input-bound classes without saturated storage at ``iolens tune``, beside
