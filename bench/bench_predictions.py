@@ -125,6 +125,9 @@ def _advice_cases() -> list[Case]:
              "after a second; the fix lowers num_workers", ADVICE, ["cpu", s, "12", "0.02"],
              "num_workers", lambda r: ["cpu", s, str(r["change"]["num_workers"]), "0.02"],
              quiet=True),
+        Case("many tensors a batch", "16 fields a sample, a tensor each, batch 8, 2 "
+             "workers that keep up, 2 ms step; the fix stacks the fields into one tensor",
+             ADVICE, ["fields", s, "2", "0"], "handover", lambda r: ["fields-one", s, "2", "0"]),
         Case("spawn workers each epoch", "spawn, 3 workers, 4 epochs of 100 batches",
              SPAWN, ["0"], "persistent_workers", lambda r: ["1"]),
     ]
