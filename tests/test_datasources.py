@@ -340,7 +340,9 @@ def test_a_batch_names_the_types_it_holds() -> None:
     assert _hooks.leaf_types([torch.zeros(1), [torch.zeros(1)], {"k": 3}]) == {
         "torch.Tensor", "builtins.int"}
     # how many tensors: each is a shared-memory handle of its own on its way to the loop
-    assert _hooks.tensor_leaves((torch.zeros(2), torch.zeros(2))) == 2
+    assert _hooks.batch_shape((torch.zeros(2), torch.zeros(2))) == (2, 2, 16)
     fields = {f"f{k}": torch.zeros(3) for k in range(16)}
-    assert _hooks.tensor_leaves({**fields, "names": ["a"], "ids": [torch.zeros(1)]}) == 17
-    assert _hooks.tensor_leaves([np.zeros(2), 3]) == 0
+    assert _hooks.batch_shape({**fields, "names": ["ab"], "ids": [torch.zeros(1)]}) == (
+        18, 17, 16 * 12 + 2 + 4)
+    assert _hooks.batch_shape([np.zeros(2), 3]) == (2, 0, 16)
+    assert _hooks.batch_shape([b"x" * 8] * 4) == (1, 0, 32)  # (a list of bytes: pickled whole)

@@ -32,6 +32,7 @@ import pytest
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
+from iolens.analysis.verdict.workers import handover_s
 from tests.test_lab import quiet_case, run_case
 
 pytest.importorskip("torch")
@@ -62,6 +63,10 @@ class Samples(Dataset):
             return torch.zeros(4096), i % 4
         if KIND == "handover":
             return bytes(1 << 20)  # 1 MiB per sample, pickled through the pipe whole
+        if KIND == "handover-tensor":  # the same bytes as a tensor, through shared memory
+            return torch.zeros(1 << 20, dtype=torch.uint8)
+        if KIND == "handover-tensor-half":  # ... in half the bytes
+            return torch.zeros(1 << 19, dtype=torch.uint8)
         if KIND == "fields":  # 16 fields, a tensor each: 16 tensors a batch
             return {f"field{k}": torch.zeros(256) for k in range(16)}
         if KIND == "fields-one":  # the same 16 fields stacked into one tensor
@@ -73,7 +78,9 @@ def keep(batch):
 
 batch, step = {"remote": (16, 0.02), "remote-pause": (16, 0.02), "remote-short": (16, 0.02),
                "cpu": (8, 0.002),
-               "handover": (4, 0.002), "fields": (8, 0.002), "fields-one": (8, 0.002),
+               "handover": (4, 0.002), "handover-tensor": (4, 0.002),
+               "handover-tensor-half": (4, 0.002),
+               "fields": (8, 0.002), "fields-one": (8, 0.002),
                "steady": (32, 0.016), "steady-one": (32, 0.016)}[KIND]
 loader = DataLoader(Samples(), batch_size=batch, num_workers=WORKERS,
                     collate_fn=keep if KIND == "handover" else None,
@@ -300,7 +307,9 @@ def test_idle_workers_behind_the_hand_over_get_the_hand_over_advice(tmp_path: Pa
     as runs alternating 2 and 4 workers, 4 were faster in 8 pairs of 8 here (mean 87 ->
     121 steps/s, the hand-over 8.9 -> 6.0 ms a batch, with the loop's CPU per batch
     falling with it), and in CI by 47%. So no claim is made on more workers; the advice is
-    the hand-over's own, with its prediction."""
+    the hand-over's own, with its prediction: return tensors, followed with the same
+    bytes as one uint8 tensor a batch (NOTE [a tensor's hand-over]): 111 steps/s before,
+    287 predicted, 274 measured here (the hand-over 6.81 ms, then 1.17)."""
     report, _ = run_case(tmp_path, TRAIN, "handover", SECONDS, "2", "0")
     v, pipe = report["verdict"], report["pipeline"]
     assert v["class"] == "handover-bound", v
@@ -309,8 +318,23 @@ def test_idle_workers_behind_the_hand_over_get_the_hand_over_advice(tmp_path: Pa
     assert not any("num_workers" in (r.get("change") or {}) for r in v["declined"])
     first = v["recommendations"][0]
     assert first["action"].startswith("make each batch cheaper to hand over"), first
-    assert "(the batches hold list)" in first["action"], first  # lists of bytes, pickled
+    assert "the batches hold list)" in first["action"], first  # lists of bytes, pickled
     assert first["prediction"] and first["prediction"]["limit"] in ("compute", "handover", "cpu")
+    # followed: the same bytes returned as a tensor, twice
+    after = []
+    for i in range(2):
+        d = tmp_path / f"after{i}"
+        d.mkdir()
+        after.append(measured(run_case(d, TRAIN, "handover-tensor", SECONDS, "2", "0")[0]))
+    assert min(after) > measured(report), (measured(report), after)
+    held(first, after)
+    # compare finds the hand-over made and holds BEFORE's model of it (the factor made
+    # varies with each run's hand-over, 1.06-1.57 ms here after: not held to the advised)
+    cmp = subprocess.run([sys.executable, "-m", "iolens", "compare", str(tmp_path / "run"),
+                          str(tmp_path / "after0" / "run"), "--format", "json"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    proof = json.loads(cmp.stdout)["prediction"]
+    assert proof["change"]["handover"] < 0.5 and proof["held"], proof
 
 
 def test_a_batch_of_many_tensors_is_told_to_hand_over_one_and_that_holds(
@@ -318,9 +342,9 @@ def test_a_batch_of_many_tensors_is_told_to_hand_over_one_and_that_holds(
     """NOTE [a tensor's hand-over] in iolens/analysis/verdict/workers.py: 16 fields a
     sample, a tensor each, through 2 workers that keep up. The loop waits for each batch's
     16 shared-memory handles; the advice is one tensor a batch (not fewer bytes), and
-    its prediction holds when the fields are stacked into one. Here: 200 steps/s before,
-    317 predicted, 374 measured after (+18%): the model's hand-over of one tensor (0.17 of
-    16's) is a little above the one measured (0.19 of it, 0.51 ms against 2.75)."""
+    its prediction holds when the fields are stacked into one. Here: 194-204 steps/s
+    before, 362-366 predicted, 365-383 measured after (the hand-over 2.7-2.9 ms, then
+    0.46-0.51; the model's 0.17 of it against 0.19 measured)."""
     before, _ = run_case(tmp_path, TRAIN, "fields", SECONDS, "2", "0")
     v, pipe = before["verdict"], before["pipeline"]
     assert v["class"] == "handover-bound", v
@@ -328,7 +352,8 @@ def test_a_batch_of_many_tensors_is_told_to_hand_over_one_and_that_holds(
     rec = first_fix(before, "handover")
     assert v["recommendations"][0]["change"] == rec["change"], v  # (the first advice)
     assert rec["action"].startswith("hand each batch over as one tensor: its 16 tensors"), rec
-    assert rec["change"] == {"handover": round(3 / 18, 3)}, rec
+    assert rec["change"] == {"handover": round(handover_s(1, 8 << 14) / handover_s(16, 8 << 14),
+                                               3)}, rec
     assert rec["prediction"]["steps_per_s"] >= rules.MIN_GAIN * measured(before), rec
     after = follow(tmp_path, rec, "fields-one", SECONDS, "2", "0")
     assert min(after) > measured(before), (measured(before), after)

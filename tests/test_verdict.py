@@ -619,15 +619,33 @@ def test_a_batch_of_tensors_is_told_to_hand_over_fewer_not_fewer_bytes() -> None
     (one,) = advice(batch_tensors=16)
     assert one.action.startswith("hand each batch over as one tensor: its 16 tensors"), one
     assert one.change == {"handover": round(3 / 18, 3)} and one.prediction is not None
+    (big,) = advice(batch_tensors=16, batch_bytes=16 << 20)  # 16 MiB: the bytes count too
+    assert big.change == {"handover": round((3 * 0.15 + 15 * 0.22) / (18 * 0.15 + 15 * 0.22),
+                                            3)}, big.change
     assert "bytes" not in one.action.split(";")[0].split("and their")[0], one.action
     # one tensor a batch already: nothing to change in the hand-over, and no figure
     (leave,) = advice(batch_tensors=1)
     assert leave.action.startswith("leave the hand-over as it is") and leave.change is None
     assert leave.prediction is None and "45.00 ms" in leave.action, leave.action
+    # ... unless it is large: 8 MiB, whose bytes are the most of its hand-over
+    (large,) = advice(batch_tensors=1, batch_bytes=8 << 20)
+    assert large.action.startswith("make each batch cheaper to hand over: keep it small in "
+                                   "bytes"), large.action
+    assert large.change == {"handover": round((3 * 0.15 + 3 * 0.22) / (3 * 0.15 + 7 * 0.22),
+                                              3)}, large.change
     # pinned: the pinning thread copies each byte, and fewer bytes are the lever again
     (pinned,) = advice(batch_tensors=16, pin_memory=True)
     assert pinned.action.startswith("make each batch cheaper") and (
         "pin_memory copies each byte" in pinned.action), pinned.action
+    # a list of arrays, pickled whole (45 ms a batch here): as 4 tensors, (2 + 4) x 0.15 ms
+    (pickled,) = advice(batch_types="numpy.ndarray", batch_leaves=4, batch_tensors=0,
+                        batch_bytes=2 << 20)
+    assert "return tensors" in pickled.action and "keep the batch small" not in (
+        pickled.action), pickled.action
+    assert pickled.change == {"handover": round((6 * 0.15 + 1 * 0.22) / 45, 3)}
+    assert pickled.prediction is not None and any(
+        "4 leaves as tensors, handed over in 1.12 ms" in b for b in pickled.prediction.basis
+    ), pickled.prediction.basis
 
 
 def test_steps_marked_by_hand_give_their_rate_and_window_and_ask_for_the_wait() -> None:

@@ -58,6 +58,13 @@ HANDOVER_FIXED = 2.0
 """A batch of tensors costs the loop, to take from a worker, a part of its own and a part
 for each tensor: the batch's own part is that of about 2 tensors (0.31 ms against 0.15 ms
 in the lab; NOTE [a tensor's hand-over] in iolens/analysis/verdict/workers.py)."""
+HANDOVER_TENSOR_S = 0.00015
+"""... and each tensor's part, 0.15 ms in the lab: a batch of k tensors is handed over in
+(HANDOVER_FIXED + k) times this (a faster machine takes less, and gains more) ..."""
+HANDOVER_MIB_S = 0.00022
+"""... and 0.22 ms a MiB of the batch beyond its first: nothing up to 1 MiB in the lab,
+0.7 and 1.5 ms more at 4 and 8 MiB, where the workers writing the bytes took the loop's
+cores."""
 WORKER_CPU_SOME = 50.0
 """On a machine with no idle core, workers using half a core or more are held
 back by the CPU they share; workers using less mostly wait on something else,

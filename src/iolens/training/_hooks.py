@@ -227,15 +227,16 @@ class TimingWriter:
 
     def note_batch(self, tag: int, batch: Any) -> None:
         """Add the types a batch of loader ``tag`` holds (``batch_types``: ``torch.Tensor``,
-        ``numpy.ndarray``, ``list`` ...) and how many tensors (``batch_tensors``) to its
-        settings: the hand-over advice says "return tensors" only to a loader whose batches
-        hold something else, and "fewer tensors" to one whose batches hold many."""
+        ``numpy.ndarray``, ``list`` ...), how many leaves (``batch_leaves``), how many
+        tensors (``batch_tensors``) and their bytes (``batch_bytes``) to its settings: the
+        hand-over advice says "return tensors" only to a loader whose batches hold
+        something else, and "one tensor" to one whose batches hold several."""
         self.typed.add(tag << records.TAG_SHIFT)
         info = self.loaders.get(tag)
         if info is None or self.moved is not None:
             return
         info["batch_types"] = ",".join(sorted(leaf_types(batch)))
-        info["batch_tensors"] = tensor_leaves(batch)
+        info["batch_leaves"], info["batch_tensors"], info["batch_bytes"] = batch_shape(batch)
         write_atomic(os.path.join(self._folder(), f"loader-{self.pid}-{tag}.json"),
                      json.dumps(info).encode())
 
@@ -389,11 +390,26 @@ def leaf_types(batch: Any, depth: int = 3, limit: int = 32) -> set[str]:
             for obj in _leaves(batch, depth, limit)}
 
 
-def tensor_leaves(batch: Any, depth: int = 3, limit: int = 1024) -> int:
-    """How many tensors a batch holds (walked as :func:`leaf_types` walks it, ``limit``
-    leaves at most): each goes from a worker to the loop as its own shared-memory handle
-    (NOTE [a tensor's hand-over] in iolens/analysis/verdict/workers.py)."""
-    return sum(1 for obj in _leaves(batch, depth, limit) if _type_name(obj) == "torch.Tensor")
+def batch_shape(batch: Any, depth: int = 3, limit: int = 1024) -> tuple[int, int, int]:
+    """How many leaves a batch holds, how many of them are tensors, and their bytes (walked
+    as :func:`leaf_types` walks it, ``limit`` leaves at most): each tensor goes from a
+    worker to the loop as a shared-memory handle of its own, and each other leaf would as
+    one (NOTE [a tensor's hand-over] in iolens/analysis/verdict/workers.py)."""
+    leaves = tensors = size = 0
+    for obj in _leaves(batch, depth, limit):
+        leaves += 1
+        name = _type_name(obj)
+        if name == "torch.Tensor":
+            tensors += 1
+            size += int(obj.nelement()) * int(obj.element_size())
+        elif isinstance(obj, bytes | bytearray | str):
+            size += len(obj)
+        elif isinstance(obj, list):  # (of scalars: pickled whole)
+            size += sum(len(x) if isinstance(x, bytes | bytearray | str) else 8
+                        for x in obj[:limit])
+        elif isinstance(n := getattr(obj, "nbytes", None), int):  # (a NumPy array)
+            size += n
+    return leaves, tensors, size
 
 
 def _leaves(batch: Any, depth: int, limit: int) -> Iterator[Any]:

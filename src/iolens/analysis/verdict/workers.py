@@ -162,13 +162,14 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
             {"persistent_workers": True}, pm.no_epoch_starts(),
             basis=["without the epochs' first batches' wait"]))
     types = {t for d in v.loaders for t in str(d.get("batch_types") or "").split(",") if t}
-    tensors = max((n for d in v.loaders if type(n := d.get("batch_tensors")) is int),
-                  default=0)
+    tensors, leaves, size = (max((n for d in v.loaders if type(n := d.get(key)) is int),
+                                 default=0)
+                             for key in ("batch_tensors", "batch_leaves", "batch_bytes"))
     pinned = any(d.get("pin_memory") is True for d in v.loaders)
     if types == {"torch.Tensor"} and not pinned and tensors:
-        # NOTE [a tensor's hand-over]: the bytes count for nothing, the tensors do
+        # NOTE [a tensor's hand-over]: the tensors count, the bytes little
         if tensors >= 2:
-            factor = round((1 + rules.HANDOVER_FIXED) / (tensors + rules.HANDOVER_FIXED), 3)
+            factor = round(handover_s(1, size) / handover_s(tensors, size), 3)
             v.offer(v.fix(
                 f"hand each batch over as one tensor: its {tensors} tensors each go from "
                 "the worker to the loop as a shared-memory handle of their own, and their "
@@ -178,22 +179,47 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
                 "the hand-over's share of the wait", {"handover": factor},
                 pm.cheaper_handover(factor),
                 basis=[f"the hand-over of one tensor a batch, {factor:.2f} of that of "
-                       f"{tensors} (a batch's own share of it is that of "
-                       f"{rules.HANDOVER_FIXED:g} tensors)"]))
-        elif hand is not None:
-            v.recommendations.append(Recommendation(
-                f"leave the hand-over as it is: a batch of one tensor costs the loop "
-                f"{hand * 1000:.2f} ms to take from a worker whatever its bytes; only fewer "
-                "batches (a larger batch_size, a change to the training) would wait less",
-                "the wait left is the batch's way from the worker to the loop, a cost of "
-                "its own", "none from the hand-over",
-                unavailable="nothing to change: a batch of one tensor is handed over at its "
-                            "own cost"))
+                       f"{tensors}, as in the lab (a batch's own part, each tensor's and "
+                       "each MiB's)"]))
+            return
+        if handover_s(1, size) < 2 * handover_s(1, 0):
+            if hand is not None:  # (the batch's own part: most of it)
+                v.recommendations.append(Recommendation(
+                    f"leave the hand-over as it is: a batch of one tensor costs the loop "
+                    f"{hand * 1000:.2f} ms to take from a worker, the most of it a batch's "
+                    "own cost, not its bytes'; only fewer batches (a larger batch_size, a "
+                    "change to the training) would wait less",
+                    "the wait left is the batch's way from the worker to the loop, a cost "
+                    "of its own", "none from the hand-over",
+                    unavailable="nothing to change: a batch of one tensor is handed over "
+                                "at its own cost"))
+            return
+        # (one tensor of several MiB: its bytes are the most of its hand-over)
+    if types and types != {"torch.Tensor"} and leaves and not pinned and (
+            hand is not None and hand > 0):
+        # NOTE [a tensor's hand-over]: the pickled leaves as tensors, each a handle
+        as_tensors = handover_s(leaves, size)
+        factor = round(min(1.0, as_tensors / hand), 3)
+        v.offer(v.fix(
+            "make each batch cheaper to hand over: return tensors (moved through shared "
+            "memory, their bytes counting for little) rather than Python lists or NumPy "
+            f"arrays (pickled whole; the batches hold {', '.join(sorted(types))})",
+            "the wait left is the batch's way from the worker to the loop",
+            "the hand-over's share of the wait", {"handover": factor},
+            pm.cheaper_handover(factor),
+            basis=[f"its {plural(leaves, 'leaf', 'leaves')} as tensors, handed over in "
+                   f"{as_tensors * 1000:.2f} ms a batch as in the lab (a batch's own part, "
+                   f"each tensor's and each MiB's), against {hand * 1000:.2f} ms now"]))
         return
+    factor, basis = 0.5, "if the hand-over took half as long"
     if types == {"torch.Tensor"}:
         action = ("make each batch cheaper to hand over: keep it small in bytes (decode on "
                   "the GPU, or uint8 rather than float32); its tensors go through shared "
                   "memory already" + (", and pin_memory copies each byte" if pinned else ""))
+        if tensors and not pinned:
+            factor = round(handover_s(tensors, size // 2) / handover_s(tensors, size), 3)
+            basis = (f"the batch in half its bytes ({size / (1 << 21):.1f} MiB), handed over "
+                     "as in the lab (a batch's own part, each tensor's and each MiB's)")
     else:
         held = f" (the batches hold {', '.join(sorted(types))})" if types else ""
         action = ("make each batch cheaper to hand over: return tensors (moved through shared "
@@ -203,24 +229,39 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
     v.offer(v.fix(
         action,
         "the wait left is the batch's way from the worker to the loop",
-        "the hand-over's share of the wait", {"handover": 0.5}, pm.cheaper_handover(0.5),
-        basis=["if the hand-over took half as long"]))
+        "the hand-over's share of the wait", {"handover": factor},
+        pm.cheaper_handover(factor), basis=[basis]))
+
+
+def handover_s(tensors: int, size: int) -> float:
+    """The loop's hand-over of a batch of ``tensors`` tensors of ``size`` bytes in all,
+    from workers that keep up, as measured in the lab (NOTE [a tensor's hand-over])."""
+    return ((rules.HANDOVER_FIXED + tensors) * rules.HANDOVER_TENSOR_S
+            + max(0.0, size / (1 << 20) - 1) * rules.HANDOVER_MIB_S)
 
 
 """NOTE [a tensor's hand-over]: a tensor a worker returns is written into shared memory
 there, and the loop receives a handle to it (a file descriptor over a socket, then a
-mapping): what the loop pays a batch is a part of its own and a part for each tensor, not
-for each byte. The lab's case (2 workers that keep up, batches of 8 samples of 16 KiB, no
+mapping): what the loop pays a batch is a part of its own and a part for each tensor,
+and little for each byte. The lab's case (2 workers, batches of 8 samples of 16 KiB, no
 pin_memory), its sample in 1, 2, 4, 8, 16 and 32 tensors: 0.46, 0.62, 0.89, 1.43, 2.75
 and 8.89 ms a batch handed over, as iolens times it (0.31 ms a batch and 0.15 ms a
 tensor up to 16: the batch's own part is that of about 2 tensors, rules.HANDOVER_FIXED;
-at 32 the loop is short of CPU, and the model's figure is the lesser gain). In the
-loop's own next(), samples of 128 KiB, 512 KiB and 2 MiB in one tensor took 1.03, 1.15
-and 0.97 ms a batch: smaller batches in bytes are no lever (the lab's steady case
-waited the same share at half its bytes), and fewer tensors are: from k tensors to one,
-the hand-over is (1 + 2) / (k + 2) of what it was (16 to 1: 0.17 predicted, 0.19
-measured). With pin_memory, the loop's pinning thread copies each byte, and the bytes
-count again: the advice is then to make the batch smaller."""
+at 32 the loop is short of CPU, and the model's figure is the lesser gain). Batches of 4
+samples in one tensor of 16 KiB, 256 KiB, 1 MiB, 4 MiB and 8 MiB: 0.46, 0.46, 0.46, 1.16
+and 1.92 ms, the last two where the workers, writing the bytes, idled 53% and 26% of
+their time against 84-97%: 0.22 ms a MiB beyond the first (rules.HANDOVER_MIB_S; 2 MiB
+measured 0.46 where it gives 0.68). Smaller batches in bytes are then a lever for a
+batch of several MiB only (one tensor: from 3 MiB, where its bytes cost more than the
+batch's own part), and fewer tensors the larger one: from k tensors to one, the
+hand-over is handover_s(1) / handover_s(k) of what it was (16 to 1, at 128 KiB a batch:
+0.17 predicted, 0.19 measured). A batch of
+Python lists or NumPy arrays is pickled whole: its leaves returned as tensors are
+predicted at the lab's cost of as many tensors of its bytes (the lab's 4 MiB of bytes a
+batch, 4.35 ms: 1.11 predicted as one tensor, 1.06-1.17 measured). With pin_memory, the
+loop's pinning thread copies each byte of each tensor, and the bytes count again: the
+advice is then to make the batch smaller, predicted as a hand-over halved (a figure of
+no measurement)."""
 
 def tune(v: Verdict) -> Recommendation:
     """Points the input-bound classes without saturated storage at ``iolens tune``, beside
