@@ -17,7 +17,7 @@ from iolens.analysis.columns import DeviceColumns, DeviceLoad, StageColumns, amo
 from iolens.analysis.model import Figures, Model, rate
 from iolens.analysis.pipeline import pipeline
 from iolens.analysis.rundata import load_run
-from iolens.analysis.verdict.figures import num, timed_records
+from iolens.analysis.verdict.figures import num, train
 from iolens.rundir.rollup import Bucket
 
 BASE = Figures(steps_per_s=10.0, compute_s=0.020, handover_s=0.001, batch=16, workers=1,
@@ -634,8 +634,11 @@ FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 
 
 def _recorded(name: str) -> tuple[list[dict[str, Any]], int]:
-    run = load_run(str(FIXTURES / name))
-    return timed_records(run.records), int(run.meta.get("cpus") or 0)
+    run = load_run(str(FIXTURES / name))  # (the timed intervals, read from the records)
+    idx = [i for i, r in enumerate(run.records)
+           if train(r).get("step_source") == "dataloader" and num(train(r), "batches") > 0]
+    assert idx == StageColumns.of(run.records).timed()
+    return [run.records[i] for i in idx], int(run.meta.get("cpus") or 0)
 
 
 @pytest.mark.parametrize("name", ["jpeg-six-workers-two-cores", "request-capped-disk",

@@ -160,9 +160,8 @@ def step_load(ns: argparse.Namespace) -> Any:
     except IolensError as exc:
         p.error(f"--run {ns.run}: {exc}")
     cols = StageColumns.of(run.records)
-    timed = [i for i in range(cols.n) if cols.loader[i] and cols.batches[i] > 0]
     # (the workers the whole run declared: NOTE [the workers a run declared])
-    f = Model(cols.take(timed), int(run.meta.get("cpus") or 0) or None,
+    f = Model(cols.take(cols.timed()), int(run.meta.get("cpus") or 0) or None,
               workers=declared_workers(cols) or None).whole
     if f is None:
         p.error(f"--run {ns.run}: the run has no timed training steps and stages to take "

@@ -161,6 +161,11 @@ class StageColumns:
     def n(self) -> int:
         return len(self.secs)
 
+    def timed(self) -> list[int]:
+        """The intervals whose DataLoader batches were timed: what the model is built
+        from."""
+        return [i for i in range(self.n) if self.loader[i] and self.batches[i] > 0]
+
     def take(self, idx: Sequence[int]) -> StageColumns:
         """The columns of the intervals ``idx`` only, in that order."""
         return StageColumns(**{name: tuple(col[i] for i in idx)

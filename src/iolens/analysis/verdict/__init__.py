@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from iolens.analysis.columns import DeviceLoad
 from iolens.analysis.verdict.classify import diagnose, how_to_try, served_storage
-from iolens.analysis.verdict.figures import timed_records
 from iolens.analysis.verdict.ranks import rank_figures, straggler
 from iolens.analysis.verdict.remote import net_scaling
 from iolens.analysis.verdict.result import (
@@ -84,6 +83,5 @@ __all__ = [
     "served_storage",
     "severity",
     "straggler",
-    "timed_records",
     "verdict_lines",
 ]

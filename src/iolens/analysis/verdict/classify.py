@@ -59,7 +59,7 @@ def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = No
     records, tuned = _tuned_part(records, meta)
     if columns is None or records is not whole:  # (the caller's are the whole run's)
         columns = StageColumns.of(records)
-    timed_at = [i for i in range(columns.n) if columns.loader[i] and columns.batches[i] > 0]
+    timed_at = columns.timed()
     if devices is None or records is not whole:
         devices = DeviceColumns.of(records)
     if ranks is None or records is not whole:

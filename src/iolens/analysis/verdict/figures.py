@@ -1,7 +1,6 @@
 """The figures the verdict reads of a run: over spans of its columns (NOTE [columns] in
 iolens/analysis/columns/__init__.py) the windows, the workers' CPU, the machine's idle,
-the D states, the hand-over and the bursts of waits; and which of its records timed
-batches (what `iolens tune --run` models).
+the D states, the hand-over and the bursts of waits.
 """
 
 from __future__ import annotations
@@ -31,14 +30,6 @@ def num(d: Any, key: str) -> float:
 def train(rec: dict[str, Any]) -> dict[str, Any]:
     t = rec.get("train")
     return t if isinstance(t, dict) else {}
-
-def timed_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The intervals with timed DataLoader batches: what the model is built from."""
-    return [r for r in records if is_timed(r)]
-
-def is_timed(rec: dict[str, Any]) -> bool:
-    t = train(rec)
-    return t.get("step_source") == "dataloader" and num(t, "batches") > 0
 
 def worker_figures(c: StageColumns, picks: Sequence[int]) -> tuple[int, float]:
     """Most workers seen at once, and their mean CPU per worker (% of a core) over the
