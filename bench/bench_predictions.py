@@ -128,6 +128,10 @@ def _advice_cases() -> list[Case]:
         Case("many tensors a batch", "16 fields a sample, a tensor each, batch 8, 2 "
              "workers that keep up, 2 ms step; the fix stacks the fields into one tensor",
              ADVICE, ["fields", s, "2", "0"], "handover", lambda r: ["fields-one", s, "2", "0"]),
+        Case("a pickled batch", "4 samples of 1 MiB of bytes a batch, pickled whole, 2 "
+             "workers that keep up, 2 ms step; the fix returns the bytes as one uint8 tensor",
+             ADVICE, ["handover", s, "2", "0"], "handover",
+             lambda r: ["handover-tensor", s, "2", "0"]),
         Case("spawn workers each epoch", "spawn, 3 workers, 4 epochs of 100 batches",
              SPAWN, ["0"], "persistent_workers", lambda r: ["1"]),
     ]

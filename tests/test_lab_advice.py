@@ -308,8 +308,11 @@ def test_idle_workers_behind_the_hand_over_get_the_hand_over_advice(tmp_path: Pa
     121 steps/s, the hand-over 8.9 -> 6.0 ms a batch, with the loop's CPU per batch
     falling with it), and in CI by 47%. So no claim is made on more workers; the advice is
     the hand-over's own, with its prediction: return tensors, followed with the same
-    bytes as one uint8 tensor a batch (NOTE [a tensor's hand-over]): 111 steps/s before,
-    287 predicted, 274 measured here (the hand-over 6.81 ms, then 1.17)."""
+    bytes as one uint8 tensor a batch (NOTE [a tensor's hand-over]). The loop's CPU of
+    the hand-over is freed with it (NOTE [a hand-over's CPU]): without that, the CPU
+    bound the prediction in one CI run (183 predicted, 245 measured). Four runs here:
+    87-105 steps/s before, 289-294 predicted, 242-267 measured (-16% to -9%; the
+    hand-over 7.6 ms, then 1.05-1.37)."""
     report, _ = run_case(tmp_path, TRAIN, "handover", SECONDS, "2", "0")
     v, pipe = report["verdict"], report["pipeline"]
     assert v["class"] == "handover-bound", v
@@ -327,12 +330,7 @@ def test_idle_workers_behind_the_hand_over_get_the_hand_over_advice(tmp_path: Pa
         d.mkdir()
         after.append(measured(run_case(d, TRAIN, "handover-tensor", SECONDS, "2", "0")[0]))
     assert min(after) > measured(report), (measured(report), after)
-    # The gain is at least what was predicted, less the tolerance. It may be more: the
-    # workers' pickling of 4 MiB a batch may bind the CPU before (the model's CPU limit,
-    # 187 steps/s in one CI run), and as tensors they no longer pickle, which the model
-    # does not know: 182.9 predicted, 244.8 measured there (+34%); 287 and 274 here.
-    p = first["prediction"]["steps_per_s"]
-    assert statistics.fmean(after) >= (1 - TOLERANCE) * p, (first["prediction"], after)
+    held(first, after)
     # compare finds the hand-over made and sets BEFORE's model of it beside the run (the
     # factor made varies with each run's hand-over, 1.06-1.57 ms here after)
     cmp = subprocess.run([sys.executable, "-m", "iolens", "compare", str(tmp_path / "run"),
@@ -340,8 +338,7 @@ def test_idle_workers_behind_the_hand_over_get_the_hand_over_advice(tmp_path: Pa
                          capture_output=True, text=True, timeout=120, check=True)
     proof = json.loads(cmp.stdout)["prediction"]
     assert proof["change"]["handover"] < 0.5, proof
-    assert proof["measured_steps_per_s"] >= (1 - TOLERANCE) * proof["predicted"][
-        "steps_per_s"], proof  # (held, or more gained: see above)
+    assert proof["held"] is True, proof
 
 
 def test_a_batch_of_many_tensors_is_told_to_hand_over_one_and_that_holds(
@@ -349,9 +346,10 @@ def test_a_batch_of_many_tensors_is_told_to_hand_over_one_and_that_holds(
     """NOTE [a tensor's hand-over] in iolens/analysis/verdict/workers.py: 16 fields a
     sample, a tensor each, through 2 workers that keep up. The loop waits for each batch's
     16 shared-memory handles; the advice is one tensor a batch (not fewer bytes), and
-    its prediction holds when the fields are stacked into one. Here: 194-204 steps/s
-    before, 362-366 predicted, 365-383 measured after (the hand-over 2.7-2.9 ms, then
-    0.46-0.51; the model's 0.17 of it against 0.19 measured)."""
+    its prediction holds when the fields are stacked into one, the loop's CPU and the
+    workers' with it (NOTE [a hand-over's CPU]: without, one CI run predicted 235 where
+    349 was measured). Four runs here: 120-172 steps/s before, 308-390 predicted, 351-365
+    measured after (-6% to +17%; the hand-over 4.2 ms, then 0.61)."""
     before, _ = run_case(tmp_path, TRAIN, "fields", SECONDS, "2", "0")
     v, pipe = before["verdict"], before["pipeline"]
     assert v["class"] == "handover-bound", v

@@ -57,6 +57,32 @@ def test_cpu_binds_when_the_cores_run_out() -> None:
     assert cheaper.steps_per_s > 1.8 * r.steps_per_s
 
 
+def test_a_cheaper_hand_over_frees_the_loops_cpu_and_fewer_tensors_the_workers_too() -> None:
+    """NOTE [a hand-over's CPU]: workers idle behind a loop that spends its CPU taking
+    each batch (4 ms a hand-over, 3 ms of its 3.5 ms of CPU a batch), the workers 3 ms of
+    CPU a batch beyond their 1 ms of fetch. On 1 core the CPU binds (1 / 7.5 ms)."""
+    f = dataclasses.replace(BASE, workers=2, compute_s=0.002, handover_s=0.004, batch=8,
+                            fetch_s=0.000125, fetch_cpu_s=0.000125, collate_s=0.001,
+                            main_cpu_s=0.0035, loader_cpu_s=0.004, cores=1.0)
+    assert rate(f).limit == "cpu"
+    # the hand-over at a quarter: its 3 ms of the loop's CPU with it, the workers' kept
+    g = pm.cheaper_handover(0.25)(f)
+    assert g.handover_s == pytest.approx(0.001)
+    assert g.main_cpu_s == pytest.approx(0.0035 - 0.75 * 0.0035)
+    assert (g.loader_cpu_s, g.collate_s) == (f.loader_cpu_s, f.collate_s)
+    assert rate(g).limit == "cpu"
+    assert rate(g).steps_per_s == pytest.approx(1 / (g.main_cpu_s + 0.004))
+    # ... by fewer tensors a batch: the workers' 3 ms beyond the fetch too, not the fetch
+    h = pm.cheaper_handover(0.25, tensors=True)(f)
+    assert h.main_cpu_s == pytest.approx(g.main_cpu_s)
+    assert h.loader_cpu_s == pytest.approx(0.001 + 0.25 * 0.003)
+    assert h.collate_s == pytest.approx(0.00025)
+    assert rate(h).limit == "handover" and rate(h).steps_per_s == pytest.approx(1 / 0.003)
+    # the loop's CPU is cut at most by what it has: a hand-over longer than it is waits
+    lean = dataclasses.replace(f, main_cpu_s=0.001)
+    assert pm.cheaper_handover(0.5)(lean).main_cpu_s == pytest.approx(0.0005)
+
+
 def test_storage_binds_where_its_ceiling_is_known() -> None:
     f = dataclasses.replace(BASE, storage_sps=160.0)  # 10 batches of 16 a second
     r = rate(f, workers=8)

@@ -91,9 +91,11 @@ _MEASURED = ("num_workers", "fetch_cpu", "handover", "persistent_workers")
 """Changes whose amount AFTER's own figures give (NOTE [the change that was made])."""
 
 
-def _remodelled(before: Verdict, found: dict[str, Any]) -> tuple[Any, str]:
+def _remodelled(before: Verdict, found: dict[str, Any], fewer_tensors: bool = False
+                ) -> tuple[Any, str]:
     """BEFORE's model evaluated with the changes AFTER made, in AFTER's amounts; and the
-    action, as advised where BEFORE advised exactly that, else as made."""
+    action, as advised where BEFORE advised exactly that, else as made (``fewer_tensors``:
+    AFTER's batches hold fewer tensors, NOTE [a hand-over's CPU])."""
     model = before.model
     assert model is not None
     steps: list[pm.Change] = []
@@ -104,7 +106,7 @@ def _remodelled(before: Verdict, found: dict[str, Any]) -> tuple[Any, str]:
         basis.append(f"the CPU per sample times {found['fetch_cpu']:.2f}, as measured after")
         made.append(f"the CPU per sample times {found['fetch_cpu']:.2f}")
     if "handover" in found:
-        steps.append(pm.cheaper_handover(float(found["handover"])))
+        steps.append(pm.cheaper_handover(float(found["handover"]), fewer_tensors))
         basis.append(f"the hand-over times {found['handover']:.2f}, as measured after")
         made.append(f"the hand-over times {found['handover']:.2f}")
     if found.get("persistent_workers"):
@@ -149,6 +151,14 @@ sample fell to 0.34), the workers waiting less for a core. A change advised and 
 one of these besides is the advice, made as measured."""
 
 
+def _fewer_tensors(before: Verdict, after: Verdict) -> bool:
+    """Whether AFTER's batches hold fewer tensors than BEFORE's, where both recorded them
+    (the most of any loader's: NOTE [a hand-over's CPU])."""
+    b, a = (max((x for d in v.loaders if type(x := d.get("batch_tensors")) is int),
+                default=None) for v in (before, after))
+    return b is not None and a is not None and 0 < a < b
+
+
 def _close(advised: Any, made: Any) -> bool:
     """Whether an amount made is the one advised (within a tenth for a factor)."""
     if isinstance(advised, bool) or isinstance(made, bool) or isinstance(advised, int):
@@ -180,7 +190,7 @@ def prove(before: Verdict, after: Verdict, before_cols: StageColumns,
         # with AFTER's own amounts, not with the amounts advised: a transform made 4x
         # cheaper is held against BEFORE's model of a 4x cheaper one, not of the halving
         # it advised.
-        pred, action = _remodelled(before, found)
+        pred, action = _remodelled(before, found, _fewer_tensors(before, after))
     else:
         keys = set(found) - {"num_workers"} if n is None else set(found)
         for r in _recs(before):

@@ -177,10 +177,10 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
                 "it again in the step)",
                 "the wait left is the batch's way from the worker to the loop",
                 "the hand-over's share of the wait", {"handover": factor},
-                pm.cheaper_handover(factor),
+                pm.cheaper_handover(factor, tensors=True),
                 basis=[f"the hand-over of one tensor a batch, {factor:.2f} of that of "
                        f"{tensors}, as in the lab (a batch's own part, each tensor's and "
-                       "each MiB's)"]))
+                       "each MiB's), the loop's CPU and the workers' with it"]))
             return
         if handover_s(1, size) < 2 * handover_s(1, 0):
             if hand is not None:  # (the batch's own part: most of it)
