@@ -346,3 +346,7 @@ def test_a_batch_names_the_types_it_holds() -> None:
         18, 17, 16 * 12 + 2 + 4)
     assert _hooks.batch_shape([np.zeros(2), 3]) == (2, 0, 16)
     assert _hooks.batch_shape([b"x" * 8] * 4) == (1, 0, 32)  # (a list of bytes: pickled whole)
+    # a tensor's subclass (torchvision's tv_tensors, a Parameter) moves as a tensor does
+    image = torch.zeros(4).as_subclass(type("Image", (torch.Tensor,), {}))
+    assert _hooks.leaf_types((image, torch.nn.Parameter(torch.zeros(2)))) == {"torch.Tensor"}
+    assert _hooks.batch_shape({"image": image, "label": torch.zeros(1)}) == (2, 2, 20)

@@ -382,12 +382,25 @@ def _type_name(obj: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def _is_tensor(obj: Any) -> bool:
+    """A torch tensor, its subclasses too (torchvision's tv_tensors, a Parameter): they go
+    from a worker to the loop as a tensor does, through shared memory."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _leaf_type(obj: Any) -> str:
+    if isinstance(obj, list):
+        return "list"
+    return "torch.Tensor" if _is_tensor(obj) else _type_name(obj)
+
+
 def leaf_types(batch: Any, depth: int = 3, limit: int = 32) -> set[str]:
     """The types of the leaves of a batch (tuples, lists and dicts walked ``depth`` deep,
     ``limit`` leaves at most); a list of numbers or strings is a ``list`` leaf: it is
-    pickled whole on its way from a worker, where a tensor goes through shared memory."""
-    return {_type_name(obj) if not isinstance(obj, list) else "list"
-            for obj in _leaves(batch, depth, limit)}
+    pickled whole on its way from a worker, where a tensor goes through shared memory. A
+    tensor's subclass is named ``torch.Tensor``, as it moves as one."""
+    return {_leaf_type(obj) for obj in _leaves(batch, depth, limit)}
 
 
 def batch_shape(batch: Any, depth: int = 3, limit: int = 1024) -> tuple[int, int, int]:
@@ -398,8 +411,7 @@ def batch_shape(batch: Any, depth: int = 3, limit: int = 1024) -> tuple[int, int
     leaves = tensors = size = 0
     for obj in _leaves(batch, depth, limit):
         leaves += 1
-        name = _type_name(obj)
-        if name == "torch.Tensor":
+        if _is_tensor(obj):
             tensors += 1
             size += int(obj.nelement()) * int(obj.element_size())
         elif isinstance(obj, bytes | bytearray | str):
