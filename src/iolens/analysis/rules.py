@@ -145,7 +145,9 @@ READS_DATA_BYTES_IN_PROCESS = 8192.0
 """... 8 KiB where the training process fetches (num_workers=0): its rchar is the whole
 process's, and the modules it imports lazily in its first seconds came to 0.5-2.6 KiB a
 sample in a 7-second lab run that read no file. Its bytes from the disk too: its
-libraries' pages, read in as they are first used, came to 1.5 KiB a sample in another."""
+libraries' pages, read in as they are first used, came to 1.5 KiB a sample in another.
+Most of them fall before the first batch: NOTE [the loop's own reads] in
+iolens/analysis/pipeline.py leaves that interval out where there are enough others."""
 HANDOVER_SHARE = 0.5
 """With the workers idle, the wait is the hand-over's when the batches' hand-over and the
 epochs' first batches make half of it or more; else the workers idle behind one slow
