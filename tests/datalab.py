@@ -17,7 +17,8 @@ format     what is written                                            TRAIN's re
 =========  =========================================================  ===================
 files      DATA/00000000.bin, ... (one file a sample)                  files
 jpeg       DATA/c0..c3/00000000.jpg, ... (an image folder)             jpeg
-lmdb       an lmdb environment, key b"%08d", value the bytes           lmdb
+lmdb       an lmdb environment, key b"%08d", value the bytes           lmdb, lmdb-bytes,
+                                                                      lmdb-uint8
 pack       ``iolens pack files DATA --shuffle`` (LMDB)                 pack
 h5         DATA, one HDF5 file: ``data`` (samples, kib*1024) uint8,    h5py
            ``labels``
@@ -37,7 +38,10 @@ shards and for the eviction). The script imports its reader's library before it 
 the cgroup (as torch: a lab run reads its code in first), drops DATA's pages from the page
 cache before every epoch (a dataset larger than RAM: pages that a worker still maps, as
 lmdb's and Arrow's, stay), sleeps ``STEP_S`` a batch (the model step) and stops after
-``SECONDS``; it ends printing ``done`` and ``samples N``, the samples it consumed.
+``SECONDS``; it ends printing ``done`` and ``samples N``, the samples it consumed. Each
+reader returns a tensor of a sample's first 256 bytes and its label, but ``lmdb-bytes``
+(the value as stored, bytes: pickled whole on its way from a worker) and ``lmdb-uint8``
+(the value as a uint8 tensor: through shared memory).
 
 :func:`http_server` serves a folder over HTTP from inside a blkio cgroup (a capped store,
 the job outside it).
@@ -61,10 +65,12 @@ from unittest import mock
 
 FORMATS = ("files", "jpeg", "lmdb", "pack", "h5", "arrow", "wds", "litdata")
 """Every format :func:`build` writes."""
-READERS = ("files", "jpeg", "lmdb", "pack", "h5py", "hf", "wds", "wds-http", "litdata")
+READERS = ("files", "jpeg", "lmdb", "pack", "h5py", "hf", "wds", "wds-http", "litdata",
+           "lmdb-bytes", "lmdb-uint8")
 """Every reader of :data:`TRAIN`."""
 FORMAT_OF = {"files": "files", "jpeg": "jpeg", "lmdb": "lmdb", "pack": "pack", "h5py": "h5",
-             "hf": "arrow", "wds": "wds", "wds-http": "wds", "litdata": "litdata"}
+             "hf": "arrow", "wds": "wds", "wds-http": "wds", "litdata": "litdata",
+             "lmdb-bytes": "lmdb", "lmdb-uint8": "lmdb"}
 """The format each reader reads."""
 CLASSES = 4
 SHARD_BYTES = 6 << 20
@@ -262,7 +268,7 @@ EXTRA = sys.argv[8] if len(sys.argv) > 8 else ""
 # The reader's library, read in before the throttle, as torch is.
 if READER == "jpeg":
     from PIL import Image
-elif READER == "lmdb":
+elif READER.startswith("lmdb"):
     import lmdb
 elif READER == "pack":
     from iolens.data import BlockShuffleSampler, LMDBDataset
@@ -319,7 +325,7 @@ elif READER == "jpeg":  # an image folder, as torchvision's ImageFolder lists it
                 small = img.convert("RGB").resize((16, 16))
             return tensor(small.tobytes()) / 255, label
     ds = Images()
-elif READER == "lmdb":  # one environment per process, opened in the worker
+elif READER.startswith("lmdb"):  # one environment per process, opened in the worker
     class Lmdb(Dataset):
         def __init__(self):
             env = lmdb.open(D, readonly=True, lock=False)
@@ -332,7 +338,12 @@ elif READER == "lmdb":  # one environment per process, opened in the worker
             if self.env is None:
                 self.env = lmdb.open(D, readonly=True, lock=False)
             with self.env.begin() as txn:
-                return tensor(txn.get(b"%08d" % i)), i % 4
+                value = txn.get(b"%08d" % i)
+            if READER == "lmdb-bytes":  # the stored bytes, decoded in the step
+                return value, i % 4
+            if READER == "lmdb-uint8":  # ... as a tensor of them
+                return torch.frombuffer(bytearray(value), dtype=torch.uint8), i % 4
+            return tensor(value), i % 4
     ds = Lmdb()
 elif READER == "pack":  # as iolens' pack advice says
     ds = LMDBDataset(D, transform=tensor)

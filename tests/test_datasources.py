@@ -346,6 +346,9 @@ def test_a_batch_names_the_types_it_holds() -> None:
         18, 17, 16 * 12 + 2 + 4)
     assert _hooks.batch_shape([np.zeros(2), 3]) == (2, 0, 16)
     assert _hooks.batch_shape([b"x" * 8] * 4) == (1, 0, 32)  # (a list of bytes: pickled whole)
+    # default_collate keeps a batch's bytes as a tuple of them
+    assert _hooks.leaf_types([(b"x" * 8,) * 4, torch.zeros(4)]) == {"tuple", "torch.Tensor"}
+    assert _hooks.batch_shape([(b"x" * 8,) * 4, torch.zeros(4)]) == (2, 1, 32 + 16)
     # a tensor's subclass (torchvision's tv_tensors, a Parameter) moves as a tensor does
     image = torch.zeros(4).as_subclass(type("Image", (torch.Tensor,), {}))
     assert _hooks.leaf_types((image, torch.nn.Parameter(torch.zeros(2)))) == {"torch.Tensor"}

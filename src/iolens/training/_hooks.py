@@ -390,15 +390,16 @@ def _is_tensor(obj: Any) -> bool:
 
 
 def _leaf_type(obj: Any) -> str:
-    if isinstance(obj, list):
-        return "list"
+    if isinstance(obj, list | tuple):  # (of scalars, or bytes: default_collate keeps them)
+        return "list" if isinstance(obj, list) else "tuple"
     return "torch.Tensor" if _is_tensor(obj) else _type_name(obj)
 
 
 def leaf_types(batch: Any, depth: int = 3, limit: int = 32) -> set[str]:
     """The types of the leaves of a batch (tuples, lists and dicts walked ``depth`` deep,
-    ``limit`` leaves at most); a list of numbers or strings is a ``list`` leaf: it is
-    pickled whole on its way from a worker, where a tensor goes through shared memory. A
+    ``limit`` leaves at most); a list of numbers or strings is a ``list`` leaf (a tuple of
+    them, as default_collate leaves a batch's bytes, a ``tuple``): it is pickled whole on
+    its way from a worker, where a tensor goes through shared memory. A
     tensor's subclass is named ``torch.Tensor``, as it moves as one."""
     return {_leaf_type(obj) for obj in _leaves(batch, depth, limit)}
 
@@ -416,7 +417,7 @@ def batch_shape(batch: Any, depth: int = 3, limit: int = 1024) -> tuple[int, int
             size += int(obj.nelement()) * int(obj.element_size())
         elif isinstance(obj, bytes | bytearray | str):
             size += len(obj)
-        elif isinstance(obj, list):  # (of scalars: pickled whole)
+        elif isinstance(obj, list | tuple):  # (of scalars or bytes: pickled whole)
             size += sum(len(x) if isinstance(x, bytes | bytearray | str) else 8
                         for x in obj[:limit])
         elif isinstance(n := getattr(obj, "nbytes", None), int):  # (a NumPy array)

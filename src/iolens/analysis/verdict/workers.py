@@ -186,8 +186,8 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
             if hand is not None:  # (the batch's own part: most of it)
                 v.recommendations.append(Recommendation(
                     f"leave the hand-over as it is: a batch of one tensor costs the loop "
-                    f"{hand * 1000:.2f} ms to take from a worker, the most of it a batch's "
-                    "own cost, not its bytes'; only fewer batches (a larger batch_size, a "
+                    f"{hand * 1000:.2f} ms to take from a worker, a cost of each batch "
+                    "whatever its bytes; only fewer batches (a larger batch_size, a "
                     "change to the training) would wait less",
                     "the wait left is the batch's way from the worker to the loop, a cost "
                     "of its own", "none from the hand-over",
