@@ -61,10 +61,13 @@ in the lab; NOTE [a tensor's hand-over] in iolens/analysis/verdict/workers.py)."
 HANDOVER_TENSOR_S = 0.00015
 """... and each tensor's part, 0.15 ms in the lab: a batch of k tensors is handed over in
 (HANDOVER_FIXED + k) times this (a faster machine takes less, and gains more) ..."""
-HANDOVER_MIB_S = 0.00022
-"""... and 0.22 ms a MiB of the batch beyond its first: nothing up to 1 MiB in the lab,
-0.7 and 1.5 ms more at 4 and 8 MiB, where the workers writing the bytes took the loop's
-cores."""
+HANDOVER_FREE_MIB = 2.0
+"""... and nothing for the bytes of a batch up to 2 MiB (0.44-0.46 ms a batch in the lab
+from 16 KiB to 2 MiB) ..."""
+HANDOVER_MIB_S = 0.0003
+"""... and 0.3 ms for each MiB beyond: 1.02-1.16 ms at 4 MiB in the lab, 1.92 ms at 8 MiB
+(where the workers writing the bytes took the loop's cores, and the model's 2.25 ms is
+the lesser gain)."""
 WORKER_CPU_SOME = 50.0
 """On a machine with no idle core, workers using half a core or more are held
 back by the CPU they share; workers using less mostly wait on something else,

@@ -237,7 +237,7 @@ def handover_s(tensors: int, size: int) -> float:
     """The loop's hand-over of a batch of ``tensors`` tensors of ``size`` bytes in all,
     from workers that keep up, as measured in the lab (NOTE [a tensor's hand-over])."""
     return ((rules.HANDOVER_FIXED + tensors) * rules.HANDOVER_TENSOR_S
-            + max(0.0, size / (1 << 20) - 1) * rules.HANDOVER_MIB_S)
+            + max(0.0, size / (1 << 20) - rules.HANDOVER_FREE_MIB) * rules.HANDOVER_MIB_S)
 
 
 """NOTE [a tensor's hand-over]: a tensor a worker returns is written into shared memory
@@ -248,17 +248,20 @@ pin_memory), its sample in 1, 2, 4, 8, 16 and 32 tensors: 0.46, 0.62, 0.89, 1.43
 and 8.89 ms a batch handed over, as iolens times it (0.31 ms a batch and 0.15 ms a
 tensor up to 16: the batch's own part is that of about 2 tensors, rules.HANDOVER_FIXED;
 at 32 the loop is short of CPU, and the model's figure is the lesser gain). Batches of 4
-samples in one tensor of 16 KiB, 256 KiB, 1 MiB, 4 MiB and 8 MiB: 0.46, 0.46, 0.46, 1.16
-and 1.92 ms, the last two where the workers, writing the bytes, idled 53% and 26% of
-their time against 84-97%: 0.22 ms a MiB beyond the first (rules.HANDOVER_MIB_S; 2 MiB
-measured 0.46 where it gives 0.68). Smaller batches in bytes are then a lever for a
-batch of several MiB only (one tensor: from 3 MiB, where its bytes cost more than the
-batch's own part), and fewer tensors the larger one: from k tensors to one, the
+samples in one tensor of 16 KiB, 256 KiB, 1 MiB, 2 MiB, 4 MiB and 8 MiB: 0.46, 0.46,
+0.46, 0.44-0.46, 1.02-1.16 and 1.92 ms, the last two where the workers, writing the
+bytes, idled 53% and 26% of their time against 84-97%: nothing up to 2 MiB, then 0.3 ms
+a MiB (rules.HANDOVER_FREE_MIB, rules.HANDOVER_MIB_S). With 0.22 ms a MiB beyond the
+first, halving 4 MiB to 2 was predicted at 0.60 of the hand-over where 0.40 was
+measured, and the rate 13-21% under the runs after (311-329 steps/s predicted, 371-376
+measured); 0.43 now. Smaller batches in bytes are then a lever for a batch of several
+MiB only (one tensor: from 3.5 MiB, where its bytes cost more than the batch's own
+part), and fewer tensors the larger one: from k tensors to one, the
 hand-over is handover_s(1) / handover_s(k) of what it was (16 to 1, at 128 KiB a batch:
 0.17 predicted, 0.19 measured). A batch of
 Python lists or NumPy arrays is pickled whole: its leaves returned as tensors are
 predicted at the lab's cost of as many tensors of its bytes (the lab's 4 MiB of bytes a
-batch, 4.35 ms: 1.11 predicted as one tensor, 1.06-1.17 measured). With pin_memory, the
+batch, 4.35 ms: 1.05 predicted as one tensor, 1.05-1.37 measured). With pin_memory, the
 loop's pinning thread copies each byte of each tensor, and the bytes count again: the
 advice is then to make the batch smaller, predicted as a hand-over halved (a figure of
 no measurement)."""
