@@ -312,7 +312,9 @@ def test_idle_workers_behind_the_hand_over_get_the_hand_over_advice(tmp_path: Pa
     the hand-over is freed with it (NOTE [a hand-over's CPU]): without that, the CPU
     bound the prediction in one CI run (183 predicted, 245 measured). Four runs here:
     87-105 steps/s before, 289-294 predicted, 242-267 measured (-16% to -9%; the
-    hand-over 7.6 ms, then 1.05-1.37)."""
+    hand-over 7.6 ms, then 1.05-1.37), with 1.11 ms predicted for the 4 MiB tensor's
+    hand-over; at 1.05 (its bytes free up to 2 MiB), bench/RESULTS.md's table of
+    2026-12-05 10:03 has 301.9 predicted and 291.9-294.2 measured."""
     report, _ = run_case(tmp_path, TRAIN, "handover", SECONDS, "2", "0")
     v, pipe = report["verdict"], report["pipeline"]
     assert v["class"] == "handover-bound", v
