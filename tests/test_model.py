@@ -522,6 +522,27 @@ def test_a_cheaper_transform_is_held_against_the_model_of_the_cut_made() -> None
     assert action.endswith("(not as advised)") and "num_workers 2 to 9" in action
 
 
+def test_compare_frees_the_workers_cpu_only_where_the_batches_hold_fewer_tensors() -> None:
+    """NOTE [a hand-over's CPU]: `iolens compare` cuts the workers' CPU with the hand-over
+    only where both runs recorded their batches' tensors and AFTER's hold fewer."""
+    from iolens.analysis import proof
+    from iolens.analysis.verdict import Verdict
+
+    def run(*tensors: int | None) -> Verdict:
+        v = Verdict("handover-bound", "high", 0.5)
+        v.loaders = [{"num_workers": 2} if n is None else {"batch_tensors": n}
+                     for n in tensors]
+        return v
+
+    assert proof._fewer_tensors(run(16), run(1))
+    assert proof._fewer_tensors(run(1, 16), run(1, 1))  # (the most of any loader's)
+    assert not proof._fewer_tensors(run(1), run(1))
+    assert not proof._fewer_tensors(run(0), run(1))  # pickled lists to a tensor: more
+    assert not proof._fewer_tensors(run(16), run(0))
+    assert not proof._fewer_tensors(run(None), run(1))  # (a run recorded before them)
+    assert not proof._fewer_tensors(run(16), run())
+
+
 def test_epoch_starts_in_the_step_lead_the_advice_of_a_compute_bound_run() -> None:
     """The review's spawn loader: each epoch's iter() waited seconds for its workers (in
     the step, not the wait: data wait 6%), and the verdict said "do not add workers". The
