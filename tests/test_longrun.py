@@ -293,6 +293,32 @@ def test_the_recorders_rollups_give_the_buckets_of_its_records(
     assert (gpu["util_pct_min"], gpu["util_pct_max"]) == (0.0, 99.0) and "pipeline" in r["train"]
 
 
+def test_a_bucket_read_back_from_its_rollup_line_is_the_bucket_written(
+        tmp_path: Path) -> None:
+    """Bucket.from_state sets each field itself (NOTE [hot path]): every field of every
+    bucket of a varied run, and each bucket's record, are the same after the round trip
+    through a rollup line's JSON. A field added to Bucket and not read back fails here."""
+    from dataclasses import fields
+
+    from iolens.rundir.rollup import ROLLUP_LEVELS, read_rollups
+
+    run = recorded(tmp_path / "run", varied_run(700))
+    for slot_s in ROLLUP_LEVELS[:2]:
+        buckets = fold_records(str(run / "records.jsonl"), slot_s, jobs=1).buckets
+        rolled = read_rollups(str(run), str(run / "records.jsonl"), slot_s)
+        assert rolled is not None and len(rolled.slots) == len(buckets)
+        for slot, back in rolled.slots:
+            written = buckets[slot]
+            for f in fields(Bucket):
+                a, b = getattr(written, f.name), getattr(back, f.name)
+                if f.name.endswith("_ext"):
+                    a = {k: (e.lo, e.hi) for k, e in a.items()}
+                    b = {k: (e.lo, e.hi) for k, e in b.items()}
+                assert a == b, f.name
+            assert back.record() == written.record()
+        assert any(b.gpu and b.store and b.ranks and b.pipe[0] for _, b in rolled.slots)
+
+
 def test_rollups_that_do_not_match_the_records_are_used_as_far_as_they_do(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run still recording, a damaged rollup line, the recorder's rollups stopped by a
