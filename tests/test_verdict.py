@@ -700,3 +700,38 @@ def test_a_run_that_ends_waiting_for_a_batch_is_hung() -> None:
     # a pause that ended (evaluation, a checkpoint) is no hang
     records[-1]["train"].pop("waiting_s")
     assert diagnose(records, META).cls != "hung"
+
+
+# -- an autotuned run: judged since its settings last changed ------------------------------
+
+def test_an_autotuned_run_is_judged_on_its_view_since_the_settings_changed() -> None:
+    """The view of the intervals since autotune's last change, taken from the whole run's,
+    is the view read from their records alone (their devices, storage entries and ranks
+    too, indexed among them), and the verdict over it is the one over those records."""
+    from iolens.analysis.columns import RunView
+
+    before = run_of(20, wait=0.09, step=0.1, devices=SLOW_LOOP,
+                    job_read=112 * 64 * 1024 * 0.99)
+    after = [rec(i, wait=0.001, step=0.1, devices={"vdb": dev(util=3), "vda": dev()})
+             for i in range(20, 50)]
+    records = before + after
+    for r in records:
+        r["t"] = 1_800_000_000.0 + r["elapsed_s"]
+        r["train"]["ranks"] = {"0": {"pid": 7, "batches": 10, "data_wait_s": 0.1,
+                                     "step_s": 1.0}}
+    for r in records[15:25]:
+        r["storage"] = {"/mnt/data": {"waiting": 2.0, "rx_bytes_s": 5.0}}
+    since = records[19]["t"]
+    kept = [i for i, r in enumerate(records) if r["t"] > since]
+    assert RunView.of(records).take(kept) == RunView.of(records[20:])
+    v = diagnose(RunView.of(records), {**META, "autotune": {"since_t": since}})
+    alone = diagnose(records[20:], META)
+    assert v.evidence[-1] == ("the verdict is of the run from 00:21 on, where autotune's "
+                              "settings last changed: the epochs before ran other settings")
+    assert v.evidence[:-1] == alone.evidence and v.to_dict()["figures"] == alone.to_dict()[
+        "figures"]
+    assert (v.cls, v.data_wait_share) == (alone.cls, alone.data_wait_share)
+    assert v.cls == "compute-bound" and v.data_wait_share == pytest.approx(0.01)
+    whole = diagnose(records, META)
+    assert whole.data_wait_share != v.data_wait_share
+    assert not any("autotune" in e for e in whole.evidence)

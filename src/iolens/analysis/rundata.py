@@ -17,7 +17,9 @@ from iolens.analysis.columns import (
     GpuColumns,
     RankColumns,
     RoleColumns,
+    RunView,
     StageColumns,
+    StoreColumns,
 )
 from iolens.analysis.longrun import (
     LONG_RUN_RECORDS,
@@ -65,6 +67,18 @@ class RunData:
     def roles(self) -> dict[str, RoleColumns]:
         """Each role's figures (the job's processes by role) as columns, read once."""
         return RoleColumns.of(self.records)
+
+    @functools.cached_property
+    def stores(self) -> dict[str, StoreColumns]:
+        """Each storage entry's figures (a FUSE mount's, a network store's) as columns,
+        read once."""
+        return StoreColumns.of(self.records)
+
+    @property
+    def view(self) -> RunView:
+        """What the verdict reads of the run (its columns, its devices', storage entries'
+        and ranks'), each read once."""
+        return RunView(self.columns, self.devices, self.stores, self.ranks)
 
     @functools.cached_property
     def ranks(self) -> dict[str, RankColumns]:

@@ -234,12 +234,12 @@ def _run_storage(ns: argparse.Namespace) -> int:
 def _run_sample_bytes(run: str) -> float | None:
     """What the run's job read per sample (NOTE [bytes per sample]), or None where the run
     timed no batch's stages."""
-    from iolens.analysis.pipeline import pipeline  # noqa: PLC0415
+    from iolens.analysis.pipeline import pipeline_over  # noqa: PLC0415
     from iolens.analysis.rundata import load_run  # noqa: PLC0415
 
     try:
         data = load_run(run)
-        pipe = pipeline(data.records, data.meta)
+        pipe = pipeline_over(data.columns, range(data.columns.n), data.meta)
     except (IolensError, OSError, ValueError):
         return None
     return pipe.bytes_per_sample if pipe is not None else None

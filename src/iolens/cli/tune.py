@@ -151,7 +151,6 @@ def step_load(ns: argparse.Namespace) -> Any:
     if ns.run is None:
         return None
     from iolens._errors import IolensError  # noqa: PLC0415
-    from iolens.analysis.columns import StageColumns  # noqa: PLC0415
     from iolens.analysis.model import Model, declared_workers  # noqa: PLC0415
     from iolens.analysis.rundata import load_run  # noqa: PLC0415
 
@@ -159,7 +158,7 @@ def step_load(ns: argparse.Namespace) -> Any:
         run = load_run(ns.run)
     except IolensError as exc:
         p.error(f"--run {ns.run}: {exc}")
-    cols = StageColumns.of(run.records)
+    cols = run.columns
     # (the workers the whole run declared: NOTE [the workers a run declared])
     f = Model(cols.take(cols.timed()), int(run.meta.get("cpus") or 0) or None,
               workers=declared_workers(cols) or None).whole

@@ -195,7 +195,7 @@ def _verdict_so_far(run_dir: str) -> dict[str, Any] | None:
         from iolens.analysis.verdict import diagnose  # noqa: PLC0415
 
         data = load_run(run_dir)
-        return diagnose(data.records, data.meta).to_dict()
+        return diagnose(data.view, data.meta).to_dict()
     except Exception as exc:  # noqa: BLE001 - see NOTE [never hurt the job]
         log.warning("iolens: no verdict from %s so far (%r)", run_dir, exc)
         return None

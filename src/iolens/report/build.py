@@ -46,13 +46,11 @@ _MAX_TIMING_BYTES = 128 << 20
 
 def build_report(run: RunData) -> dict[str, Any]:
     """The full report of one run."""
-    recs = run.records
     meta = run.meta
     # The run's views, read once, before anything reads them (NOTE [columns] in
     # iolens/analysis/columns/__init__.py).
-    columns, devices, roles, ranks = run.columns, run.devices, run.roles, run.ranks
-    cpu, gpus = run.cpu, run.gpus
-    verdict = diagnose(recs, meta, columns=columns, devices=devices, ranks=ranks)
+    devices, roles, cpu, gpus = run.devices, run.roles, run.cpu, run.gpus
+    verdict = diagnose(run.view, meta)
     vd = verdict.to_dict()
     notes = [*run.notes, *[n for n in meta.get("notes") or [] if isinstance(n, str)]]
     training = _training(run, notes)

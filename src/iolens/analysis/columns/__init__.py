@@ -6,10 +6,11 @@ the workers' stage timing and what helpers read for the job; :class:`DeviceColum
 :class:`RoleColumns`, :class:`StoreColumns`, :class:`RankColumns` and
 :class:`GpuColumns` each device's, each role's, each storage entry's, each rank's and each
 GPU's figures, and :class:`CpuColumns` the machine's CPU, with the indices of the
-intervals that have them (in ``named``); :class:`RunColumns` and :class:`Span` what the
-verdict reads (in ``run``). Built once from a run's records (or from the model's
-resampling blocks), any span or pick of intervals is then summed from them without
-reading a record again: the model (:func:`iolens.analysis.model.figures`), the pipeline
+intervals that have them (in ``named``); :class:`RunView` a run as the verdict takes
+it, and :class:`RunColumns` and :class:`Span` what the verdict reads (in ``run``).
+Built once from a run's records (or from the model's resampling blocks), any span or pick
+of intervals is then summed from them without reading a record again: the model
+(:func:`iolens.analysis.model.figures`), the pipeline
 (:func:`iolens.analysis.pipeline.pipeline_over`), the verdict (:class:`RunColumns`, and
 its windows as :class:`Span`) and the report's tables.
 """
@@ -25,7 +26,7 @@ from iolens.analysis.columns.named import (
     RoleColumns,
     StoreColumns,
 )
-from iolens.analysis.columns.run import RunColumns, Span
+from iolens.analysis.columns.run import RunColumns, RunView, Span
 from iolens.analysis.columns.stage import StageColumns, added, amount, network_bytes
 
 """NOTE [columns]: records travel as dicts from the run directory, and each part of the
@@ -38,11 +39,12 @@ records' order (the figures are the same to the last bit as those read from the 
 one by one: the recorded runs' reports are byte for byte those of the code that read the
 records). The verdict's windows are interval indices into the columns, not lists of
 records; the model's resampling blocks are folded from the columns (NOTE [blocks from
-the columns] in stage.py). What still reads records: the long run's fold (a Bucket folds
-records), the choice of an autotuned run's intervals by their clock time, and the
-report's HTML charts. `iolens compare` reads each run's columns (its
-interval samples, its per-interval distributions, the pipeline of its proof) and hands
-them to the verdicts."""
+the columns] in stage.py). An autotuned run's verdict takes the view of its intervals
+since the last change of settings (picked by their clock, ``t``) from the whole run's.
+What still reads records: the long run's fold (a Bucket folds records) and the report's
+HTML charts. `iolens compare` reads each run's columns (its interval samples, its
+per-interval distributions, the pipeline of its proof) and hands each run's view to its
+verdict."""
 
 __all__ = [
     "CpuColumns",
@@ -52,6 +54,7 @@ __all__ = [
     "RankColumns",
     "RoleColumns",
     "RunColumns",
+    "RunView",
     "Span",
     "StageColumns",
     "StoreColumns",

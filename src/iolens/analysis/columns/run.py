@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from iolens.analysis.columns.named import (
     DeviceColumns,
@@ -13,6 +14,49 @@ from iolens.analysis.columns.named import (
     StoreColumns,
 )
 from iolens.analysis.columns.stage import StageColumns
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A run as the verdict takes it: the columns of its intervals, and those of its
+    devices, storage entries and ranks, read once from its records (NOTE [columns])."""
+
+    run: StageColumns
+    devices: dict[str, DeviceColumns]
+    stores: dict[str, StoreColumns]
+    ranks: dict[str, RankColumns]
+
+    @classmethod
+    def of(cls, records: Sequence[dict[str, Any]]) -> RunView:
+        return cls(StageColumns.of(records), DeviceColumns.of(records),
+                   StoreColumns.of(records), RankColumns.of(records))
+
+    def take(self, idx: Sequence[int]) -> RunView:
+        """The view of the intervals ``idx`` (in the run's order) only: the one read from
+        their records alone."""
+        return RunView(self.run.take(idx), _take(self.devices, idx), _take(self.stores, idx),
+                       _take(self.ranks, idx))
+
+
+_Named = TypeVar("_Named", DeviceColumns, StoreColumns, RankColumns)
+
+
+def _take(named: dict[str, _Named], idx: Sequence[int]) -> dict[str, _Named]:
+    """The columns of each name over the intervals ``idx`` (in order) only, their ``at``
+    the intervals' positions among ``idx``, in the order those intervals first name them
+    (as :meth:`DeviceColumns.of` would give them)."""
+    pos = {i: k for k, i in enumerate(idx)}
+    out: list[tuple[int, _Named]] = []
+    for c in named.values():
+        keep = [j for j, i in enumerate(c.at) if i in pos]
+        if not keep:
+            continue
+        cols: dict[str, Any] = {f: tuple(col[j] for j in keep)
+                                for f, col in vars(c).items() if f != "name"}
+        cols["at"] = tuple(pos[i] for i in cols["at"])
+        out.append((cols["at"][0], replace(c, **cols)))
+    out.sort(key=lambda p: p[0])  # (stable: names first seen in one interval keep their order)
+    return {c.name: c for _, c in out}
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,8 @@ class StageColumns:
     secs: tuple[float, ...]
     elapsed_s: tuple[float, ...]
     """The run's seconds at the interval's end."""
+    t: tuple[float, ...]
+    """The clock at the interval's end (seconds since the epoch)."""
     batches: tuple[float, ...]
     step_s: tuple[float, ...]
     wait_s: tuple[float, ...]
@@ -218,7 +220,7 @@ def _row(rec: Any) -> tuple[Any, ...]:
     handover = p.get("handover")
     cpu = isinstance(c, dict) and c
     return (
-        s, amount(rec, "elapsed_s"), amount(t, "batches"),
+        s, amount(rec, "elapsed_s"), amount(rec, "t"), amount(t, "batches"),
         amount(step, "sum_s"), amount(wait, "sum_s"),
         amount(step, "p50_s"), amount(wait, "p50_s"),
         amount(step, "p95_s"), amount(wait, "p95_s"),
@@ -328,7 +330,7 @@ def _helpers(c: StageColumns, name: str, g: Sequence[int]) -> tuple[float, ...]:
 
 _FOLD: dict[str, _Fold] = {name: _sum for name in _FIELDS}
 _FOLD.update(
-    elapsed_s=_most, step_max_s=_most, wait_max_s=_most, p_processes=_most,
+    elapsed_s=_most, t=_most, step_max_s=_most, wait_max_s=_most, p_processes=_most,
     worker_pids=_most,
     step_p50_s=_by("step_count"), step_p95_s=_by("step_count"),
     wait_p50_s=_by("wait_count"), wait_p95_s=_by("wait_count"),

@@ -377,8 +377,7 @@ def compare_runs(base: RunData, new: RunData, *, resamples: int = RESAMPLES,
         code = run.meta.get("exit_code")
         if isinstance(code, int) and code != 0:
             warnings.append(f"{label}'s job exited with code {code}")
-    vb, vn = (diagnose(run.records, run.meta, columns=run.columns, devices=run.devices,
-                       ranks=run.ranks) for run in (base, new))
+    vb, vn = (diagnose(run.view, run.meta) for run in (base, new))
     side_b, side_n = _side(base, bb, ib, vb), _side(new, bn, inn, vn)
     if source == MIXED and (ib if bb is None else inn).timed:  # both runs have figures
         _mark_mixed(side_b, side_n)

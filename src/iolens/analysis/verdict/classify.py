@@ -12,20 +12,9 @@ from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import (
-    DeviceColumns,
-    RankColumns,
-    RunColumns,
-    Span,
-    StageColumns,
-    StoreColumns,
-    added,
-)
+from iolens.analysis.columns import RunColumns, RunView, Span, StageColumns, added
 from iolens.analysis.model import Model
-from iolens.analysis.verdict.figures import (
-    num,
-    span_window,
-)
+from iolens.analysis.verdict.figures import span_window
 from iolens.analysis.verdict.findings import all_findings, hang_finding, no_disk_stats
 from iolens.analysis.verdict.inputbound import input_bound
 from iolens.analysis.verdict.result import (
@@ -46,26 +35,18 @@ from iolens.core.words import plural
 from iolens.training import overrides
 
 
-def diagnose(records: Sequence[dict[str, Any]], meta: dict[str, Any] | None = None, *,
-             columns: StageColumns | None = None,
-             devices: dict[str, DeviceColumns] | None = None,
-             ranks: dict[str, RankColumns] | None = None) -> Verdict:
-    """The verdict over a run's records (in order). ``meta`` adds the CPU count and notes;
-    ``columns``, ``devices`` and ``ranks``: the records' columns, their devices' and their
-    ranks' where the caller has read them (NOTE [columns] in
-    iolens/analysis/columns/__init__.py)."""
+def diagnose(run: RunView | Sequence[dict[str, Any]],
+             meta: dict[str, Any] | None = None) -> Verdict:
+    """The verdict over a run: its view (:class:`RunView`, read once by the caller: NOTE
+    [columns] in iolens/analysis/columns/__init__.py), or its interval records in order,
+    read here. ``meta`` adds the CPU count and notes."""
     meta = meta or {}
-    whole = records
-    records, tuned = _tuned_part(records, meta)
-    if columns is None or records is not whole:  # (the caller's are the whole run's)
-        columns = StageColumns.of(records)
+    view = run if isinstance(run, RunView) else RunView.of(run)
+    view, tuned = _tuned_part(view, meta)
+    columns, devices = view.run, view.devices
     timed_at = columns.timed()
-    if devices is None or records is not whole:
-        devices = DeviceColumns.of(records)
-    if ranks is None or records is not whole:
-        ranks = RankColumns.of(records)
     steps = columns if len(timed_at) == columns.n else columns.take(timed_at)  # (all timed)
-    cols = RunColumns(columns, devices, timed_at, steps, StoreColumns.of(records), ranks)
+    cols = RunColumns(columns, devices, timed_at, steps, view.stores, view.ranks)
     batches = int(sum(steps.batches))
     figures = _figures(columns, steps, meta)
     blind = no_disk_stats(columns, devices, meta)
@@ -135,8 +116,7 @@ def _not_what_failed(v: Verdict, meta: dict[str, Any]) -> None:
             f"autotune tried num_workers={n} in this run and it failed ({why})"
             + (f": not advised again ({dropped[0].action})" if dropped else ""))
 
-def _tuned_part(records: Sequence[dict[str, Any]],
-                meta: dict[str, Any]) -> tuple[Sequence[dict[str, Any]], str | None]:
+def _tuned_part(view: RunView, meta: dict[str, Any]) -> tuple[RunView, str | None]:
     """A run of ``iolens run --autotune`` is judged on the intervals since its loader
     settings last changed (NOTE [autotune between epochs] in iolens/training/autotune.py):
     the epochs before ran other settings, whose figures would blend into figures of no
@@ -145,13 +125,13 @@ def _tuned_part(records: Sequence[dict[str, Any]],
     at = meta.get("autotune")
     since = at.get("since_t") if isinstance(at, dict) else None
     if not isinstance(since, int | float) or isinstance(since, bool):
-        return records, None
-    kept = [r for r in records if num(r, "t") > since]
-    if not kept or len(kept) == len(records):
-        return records, None
-    return kept, (f"the verdict is of the run from {clock(num(kept[0], 'elapsed_s'))} on, "
-                  "where autotune's settings last changed: the epochs before ran other "
-                  "settings")
+        return view, None
+    kept = [i for i, t in enumerate(view.run.t) if t > since]
+    if not kept or len(kept) == view.run.n:
+        return view, None
+    return view.take(kept), (
+        f"the verdict is of the run from {clock(view.run.elapsed_s[kept[0]])} on, where "
+        "autotune's settings last changed: the epochs before ran other settings")
 
 def how_to_try(v: Verdict, meta: dict[str, Any]) -> None:
     """Each recommendation that changes DataLoader settings only gets the ``iolens run
