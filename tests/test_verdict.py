@@ -735,3 +735,36 @@ def test_an_autotuned_run_is_judged_on_its_view_since_the_settings_changed() -> 
     whole = diagnose(records, META)
     assert whole.data_wait_share != v.data_wait_share
     assert not any("autotune" in e for e in whole.evidence)
+
+
+# -- what a device served, over the time the batches took ---------------------------------
+
+def test_a_device_serves_over_the_time_its_batches_took_not_their_intervals_alone() -> None:
+    """Steps of 0.5 s read each 0.25 s: every other interval ends no batch and is not
+    timed, yet its seconds and its reads went to the next batch (NOTE [the time a span's
+    batches took]). The samples a second and the bytes a sample are the run's own, the
+    untimed intervals before the first timed one and a pause with no batch left out."""
+    from iolens.analysis.columns import RunColumns, RunView, Span
+    from iolens.analysis.verdict.storage import sample_bytes, served_per_s
+
+    reading = {"loop0": dev(util=99, r_s=32, rkb=16 * 64 * 2)}  # 16 samples of 64 KiB / 0.5 s
+    records = [rec(i, batches=i % 2, wait=0.45, step=0.5, secs=0.25, devices=reading)
+               for i in range(40)]
+    for i in range(20, 30):  # a pause of 2.5 s: no batch, nothing read
+        records[i] = rec(i, batches=0, secs=0.25, devices={"loop0": dev()})
+    records.insert(0, rec(-1, batches=0, secs=0.25, devices={"loop0": dev(util=99, rkb=9e4)}))
+    view = RunView.of(records)
+    timed = view.run.timed()
+    cols = RunColumns(view.run, view.devices, timed, view.run.take(timed), view.stores,
+                      view.ranks)
+    span = Span(cols, range(len(timed)))
+    covered = span.covered()
+    assert len(timed) == 15 and len(covered) == 29  # each timed one and the one before it,
+    assert 0 not in covered and not covered & set(range(21, 31))  # but the first's, and
+    # the pause's (but its last, which the batch after it took)
+    assert served_per_s(span, 16, covered) == pytest.approx(15 * 16 / (29 * 0.25))
+    assert sample_bytes(span, "loop0", 16, covered) == pytest.approx(
+        29 * 0.25 * 16 * 64 * 2 * 1024 / (15 * 16))  # 62 KiB: the first batch's half lost
+    # over the timed intervals alone: 64 samples a second where 32 were served, and 32 KiB
+    assert span.total("batches") * 16 / span.total("secs") == pytest.approx(64.0)
+    assert sample_bytes(span, "loop0", 16, span.within()) == pytest.approx(32 * 1024)

@@ -27,6 +27,7 @@ from iolens.analysis.verdict.result import Recommendation, Verdict
 from iolens.analysis.verdict.storage import (
     packed_text,
     reads_dataset,
+    sample_bytes,
     saturated_device,
     served_per_s,
     waits_on_storage,
@@ -107,9 +108,7 @@ def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
         saturated_device(v, load, ceiling=ceiling, workers=workers,
                           iterable=any(steps.iterable[i] for i in picks)
                           or any(d.get("iterable") is True for d in v.loaders),
-                          packed=packed_text(v, pipe),
-                          served=served_per_s(span, v.model.whole.batch)
-                          if v.model is not None and v.model.whole is not None else 0.0)
+                          packed=packed_text(v, pipe), **_served(span, load.name, v, meta))
     elif (pipe is not None and blocked and not idle_workers
           and waits_on_storage(pipe, span, v.storage, d_share)):
         storage_from_inside(v, pipe, span, share=share, when=when, ceiling=ceiling,
@@ -253,3 +252,22 @@ def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
     if window is not None:
         window.label = v.cls
         v.windows.append(window)
+
+
+def _served(span: Span, device: str, v: Verdict, meta: dict[str, Any]) -> dict[str, float]:
+    """The samples a second ``device`` served over ``span`` and the bytes a sample the
+    dataset holds, over the time the span's batches took (NOTE [the time a span's batches
+    took] in iolens/analysis/columns/run.py); none where the run has no model.
+
+    The bytes a sample are what the fetch read through read() calls (rchar), where it
+    read so: what the device read holds readahead beyond each sample under a shuffled
+    order (92 KiB a 64 KiB row of one HDF5 file in a lab run), which a pack or a block
+    read does not read; else (a memory map) what the device read."""
+    if v.model is None or v.model.whole is None:
+        return {}
+    covered, batch = span.covered(), v.model.whole.batch
+    pipe = pipeline_over(span.cols.run, sorted(covered), meta)
+    n = (pipe.byte_samples or pipe.samples) if pipe is not None else 0
+    data = pipe.read_bytes / n if pipe is not None and n and pipe.read_bytes > 0 else 0.0
+    return {"served": served_per_s(span, batch, covered),
+            "per": data or sample_bytes(span, device, batch, covered)}

@@ -4,12 +4,12 @@ packing small files, reading in blocks, a cache in RAM.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from iolens.analysis import model as pm
 from iolens.analysis import rules
-from iolens.analysis.columns import DeviceLoad, Span
+from iolens.analysis.columns import DeviceLoad, Span, added
 from iolens.analysis.pipeline import Pipeline
 from iolens.analysis.verdict.figures import num
 from iolens.analysis.verdict.result import Recommendation, Verdict
@@ -53,10 +53,19 @@ the model then put the run at 5.25 steps/s against 6.15 measured, and its predic
 scaled by that misfit, 17% higher."""
 
 
-def served_per_s(span: Span, batch: float) -> float:
-    """Samples a second over ``span``: the batches it timed, of ``batch`` samples."""
-    secs = span.total("secs")
+def served_per_s(span: Span, batch: float, covered: Collection[int]) -> float:
+    """Samples a second over ``span``: the batches it timed, of ``batch`` samples, over the
+    seconds they took (``covered``: :meth:`Span.covered`)."""
+    secs = added(span.cols.run.secs[i] for i in sorted(covered))
     return span.total("batches") * batch / secs if secs > 0 else 0.0
+
+
+def sample_bytes(span: Span, device: str, batch: float, covered: Collection[int]) -> float:
+    """What ``device`` read a sample over ``span``: its bytes over the seconds the span's
+    batches took (``covered``: :meth:`Span.covered`), over their samples."""
+    samples = span.total("batches") * batch
+    load = span.load(device, covered)
+    return load.rkB_s * 1024 * load.secs / samples if samples > 0 else 0.0
 
 
 def samples_per_s_of(v: Verdict) -> float:
@@ -88,12 +97,14 @@ def block_sampled(v: Verdict) -> bool:
 
 def saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: int,
                       iterable: bool = False, packed: str | None = None,
-                      served: float = 0.0) -> None:
+                      served: float = 0.0, per: float = 0.0) -> None:
     """A device the job's reads saturate, or keep slow with a queue: what it serves now is
-    its ceiling in this reading pattern. A cache lifts it; a pack only where the device
-    limits requests, not bytes, and the data is not in large files already: then reading
-    the large files in larger requests (a batch of consecutive samples) is what a pack
-    would have brought; data read in blocks already is told no more."""
+    its ceiling in this reading pattern (``served``: samples a second, and ``per``: its
+    bytes a sample, over the time the window's batches took: NOTE [the time a span's
+    batches took] in iolens/analysis/columns/run.py). A cache lifts it; a pack only where
+    the device limits requests, not bytes, and the data is not in large files already:
+    then reading the large files in larger requests (a batch of consecutive samples) is
+    what a pack would have brought; data read in blocks already is told no more."""
     word = "saturated" if load.util >= rules.UTIL_SATURATED else "slow"
     state = word if word == "saturated" else (
         f"slow ({load.r_await:.1f} ms a read, {load.aqu_sz:.1f} queued)")
@@ -122,8 +133,8 @@ def saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: int
         v.evidence.append("the dataset is in large files, read in blocks already: a pack "
                           "would change nothing")
     elif small and limit == "iops":
-        v.offer(_pack_rec(v, probe or {}, load, sps, action=pack_action, because=because_small,
-                          ceiling=ceiling))
+        v.offer(_pack_rec(v, probe or {}, load, sps, per, action=pack_action,
+                          because=because_small, ceiling=ceiling))
         v.offer(cache)
     elif small and limit == "bandwidth":
         v.offer(cache)
@@ -187,13 +198,15 @@ def _mb(probe: dict[str, Any] | None) -> str:
     bw = num(probe, "bandwidth_ceiling")
     return f"{bw / 2**20:.1f}"
 
-def _pack_rec(v: Verdict, probe: dict[str, Any], load: DeviceLoad, sps: float, *,
-              action: str, because: str, ceiling: str) -> Recommendation:
+def _pack_rec(v: Verdict, probe: dict[str, Any], load: DeviceLoad, sps: float,
+              sample_bytes: float, *, action: str, because: str,
+              ceiling: str) -> Recommendation:
     """Packing on a device that limits requests: the same bytes in requests of about
     PACK_REQUEST_BYTES, each costing one of the device's requests (``sps``: the samples a
-    second the device served over ``load``'s intervals)."""
+    second the device served over ``load``'s intervals; ``sample_bytes``: what it read a
+    sample, where known)."""
     iops, bw = num(probe, "iops_ceiling"), num(probe, "bandwidth_ceiling")
-    per = (load.rkB_s * 1024 / sps) if sps > 0 else 0.0  # device bytes per sample now
+    per = sample_bytes or ((load.rkB_s * 1024 / sps) if sps > 0 else 0.0)  # (bytes a sample)
     m = v.model
     if per <= 0 or iops <= 0 or bw <= 0 or m is None or m.whole is None:
         return Recommendation(action, because, ceiling, None,
