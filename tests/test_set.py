@@ -290,3 +290,33 @@ def test_the_try_line_is_for_map_style_torch_loaders_and_settings_alone() -> Non
                  {"num_workers": 1}) is None
     assert tried(torch_map, {"pin_memory": True}) is None
     assert tried(torch_map, {"fetch_cpu": 0.5}) is None
+
+
+def test_a_do_not_advice_says_its_command_makes_the_change_it_advises_against() -> None:
+    """"do not add DataLoader workers" comes with the `--set` line that adds them, to check
+    its prediction that they gain nothing: the text report, the run's closing lines and
+    the HTML page say so, where another advice's line is just "with no code change"."""
+    from iolens.analysis.verdict.result import verdict_lines
+    from iolens.report.html import render_html
+    from iolens.report.text import render_text
+
+    fixture = Path(__file__).parent / "fixtures" / "runs" / "request-capped-disk.report.json"
+    report = json.loads(fixture.read_text())
+    dont = {"action": "do not add DataLoader workers (or prefetch) while loop0 is saturated",
+            "because": "loop0 is 97% busy", "expected_gain": "predicted 4.79 steps/s",
+            "prediction": None, "change": {"num_workers": 4},
+            "try": "iolens run --set num_workers=4 -- python train.py"}
+    do = {**dont, "action": "raise num_workers from 1 to 4", "because": "idle disk",
+          "try": "iolens run --set num_workers=4 -- python train.py --other"}
+    checked = "to check it (the change it advises against), with no code change"
+    for first, second in ((dont, do), (do, dont)):
+        report["verdict"]["recommendations"] = [first, second]
+        text = " ".join(render_text(report, to_terminal=False).split())
+        assert f"{checked}: command {1 + (first is do)} at the end" in text
+        assert f"with no code change: command {1 + (first is dont)} at the end" in text
+        label = checked if first is dont else "with no code change"  # (the first's alone)
+        lines = verdict_lines(report["verdict"])
+        assert [x for x in lines if x.startswith("  ")] == [f"  {label}: {first['try']}"]
+        page = render_html(report, [], plotlyjs="")
+        assert page.count(f'<span class="try">{checked}: <code>') == 1
+        assert page.count('<span class="try">with no code change: <code>') == 1

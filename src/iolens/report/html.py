@@ -34,6 +34,7 @@ from typing import Any
 
 from iolens._errors import IolensError
 from iolens.analysis.verdict import clock
+from iolens.analysis.verdict.result import try_label
 from iolens.core.words import plural
 from iolens.training import overrides
 
@@ -623,7 +624,7 @@ def _verdict_section(report: dict[str, Any], wins: Sequence[dict[str, Any]]) -> 
             f'<span class="why">because {_e(r.get("because"))}; '
             f'{"" if r.get("prediction") else "expected: "}{_e(r.get("expected_gain"))}'
             '</span>'
-            + (f'<br><span class="try">with no code change: <code>{_e(r["try"])}</code></span>'
+            + (f'<br><span class="try">{_e(try_label(r))}: <code>{_e(r["try"])}</code></span>'
                if r.get("try") else "")
             + '</li>'
             for r in v["recommendations"] if isinstance(r, dict)) + "</ol>")

@@ -22,6 +22,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from iolens.analysis.verdict.result import try_label
 from iolens.core.words import plural
 from iolens.training import overrides
 
@@ -82,7 +83,7 @@ def _verdict(report: dict[str, Any]) -> RenderableType:
             text.append(f"\nbecause {rec.get('because')}{sep}{rec.get('expected_gain')}",
                         style="dim")
             if rec.get("try"):
-                text.append(f"\nwith no code change: command {i} at the end of this report")
+                text.append(f"\n{try_label(rec)}: command {i} at the end of this report")
             items.append((f"{i}.", text))
         parts.append(_bullets(items))
         declined = []

@@ -92,6 +92,14 @@ class Recommendation:
             d["prediction_unavailable"] = self.unavailable or NO_MODEL
         return d
 
+def try_label(rec: dict[str, Any]) -> str:
+    """How a recommendation's ``try`` command is introduced. The command of an advice not
+    to do something (``do not add DataLoader workers``) makes that change, to check the
+    prediction that it gains nothing: it says so."""
+    if str(rec.get("action") or "").startswith("do not "):
+        return "to check it (the change it advises against), with no code change"
+    return "with no code change"
+
 @dataclass
 class Finding:
     """A secondary finding with its evidence."""
@@ -223,7 +231,7 @@ def verdict_lines(v: dict[str, Any]) -> list[str]:
         sep = ": " if r.get("prediction") else "; expected: "
         out.append(f"try: {r.get('action')}{sep}{r.get('expected_gain')}")
         if r.get("try"):
-            out.append(f"  with no code change: {r['try']}")
+            out.append(f"  {try_label(r)}: {r['try']}")
     if v.get("caveat"):
         out.append(f"note: {v['caveat']}")
     return out
