@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from array import array
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -150,13 +151,16 @@ def test_a_folder_of_node_runs_reports_the_straggler_node(tmp_path: Path) -> Non
     script = tmp_path / "train.py"
     script.write_text(SINGLE)
     job = tmp_path / "job"
+    nodes = []
     for node, rk, delay in (("node-a", "0", "0.0002"), ("node-b", "1", "0.008")):
         env = {**os.environ, "RANK": rk, "WORLD_SIZE": "2"}  # as torchrun sets on each node
-        done = subprocess.run([sys.executable, "-m", "iolens", "run", "--interval", "0.5",
-                               "--out", str(job / node), "--no-live", "--", sys.executable,
-                               str(script), delay], env=env, capture_output=True, text=True,
-                              timeout=120, check=False)
-        assert done.returncode == 0, done.stderr
+        nodes.append(subprocess.Popen(  # (at once, as the nodes of one job run)
+            [sys.executable, "-m", "iolens", "run", "--interval", "0.5", "--out",
+             str(job / node), "--no-live", "--", sys.executable, str(script), delay],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for p in nodes:
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
     out = subprocess.run([sys.executable, "-m", "iolens", "report", str(job), "--format", "json"],
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
@@ -171,3 +175,37 @@ def test_a_folder_of_node_runs_reports_the_straggler_node(tmp_path: Path) -> Non
     html = subprocess.run([sys.executable, "-m", "iolens", "report", str(job), "--format",
                            "html"], capture_output=True, text=True, timeout=120, check=False)
     assert html.returncode == 2 and "one run" in html.stderr
+
+
+def test_a_folder_of_runs_one_after_another_is_not_read_as_the_nodes_of_one_job(
+        tmp_path: Path) -> None:
+    """A run and the run after its fix, side by side in one folder (as the demo leaves
+    them): not ranks of one job, so no straggler between them; the report says what to run
+    instead. Runs that overlap (nodes a second apart) still read as one job."""
+    import shutil
+
+    kept = Path(__file__).parent / "fixtures" / "runs" / "nothing-worth-changing"
+    job = tmp_path / "demo"
+    for name in ("1-files", "2-packed"):
+        shutil.copytree(kept, job / name)
+    meta = json.loads((kept / "meta.json").read_text())
+    start = datetime.fromisoformat(meta["start"])
+
+    def begin(after_s: float) -> None:
+        later = (start + timedelta(seconds=after_s)).isoformat()
+        (job / "2-packed" / "meta.json").write_text(json.dumps({**meta, "start": later}))
+
+    begin(meta["duration_s"] + 20)
+    out = subprocess.run([sys.executable, "-m", "iolens", "report", str(job)],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and out.stdout == "", out
+    assert out.stderr.strip() == (
+        f"iolens report: {job}: its runs did not run at once, as the nodes of one job do "
+        f"(1-files ended 20 s before 2-packed began): report each run (iolens report "
+        f"{job / '2-packed'}), or compare two (iolens compare {job / '1-files'} "
+        f"{job / '2-packed'})")
+    begin(1.0)
+    out = subprocess.run([sys.executable, "-m", "iolens", "report", str(job), "--format",
+                          "json"], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)["nodes"]) == 2

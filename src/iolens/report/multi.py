@@ -3,12 +3,15 @@
 ``iolens report DIR`` where DIR holds run directories (one per node, as each
 node's ``iolens run`` wrote them) gives per-node and per-rank tables, and the
 ``straggler`` finding across all ranks of all nodes: in synchronous
-data-parallel training the slowest input pipeline sets the pace of all.
+data-parallel training the slowest input pipeline sets the pace of all. Runs
+that did not run at once (one after another) are not nodes of one job: the
+report says so and names the commands for them instead.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from typing import Any
 
 from iolens._errors import IolensError
@@ -41,6 +44,7 @@ def build_multi(folder: str) -> dict[str, Any]:
     nodes: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []
     notes: list[str] = []
+    spans: list[tuple[str, tuple[float, float] | None]] = []
     for path in paths:
         try:
             run = load_run(path)
@@ -48,6 +52,7 @@ def build_multi(folder: str) -> dict[str, Any]:
             notes.append(f"{os.path.basename(path)}: left out: {exc}")
             continue
         rep = build_report(run)
+        spans.append((os.path.basename(path), _span(rep["run"])))
         host = rep["run"].get("host") or os.path.basename(path)
         notes += [f"{os.path.basename(path)}: {n}" for n in rep["notes"]]
         node_ranks = rep["training"].get("ranks") or []
@@ -65,6 +70,7 @@ def build_multi(folder: str) -> dict[str, Any]:
                       "devices": rep["devices"]})
     if not nodes:
         raise IolensError(f"{folder}: no usable run directory inside it ({'; '.join(notes)})")
+    _at_once(folder, spans)
     for r in ranks:
         if r.get("rank") is None:
             r["rank"] = r["run"]
@@ -85,3 +91,41 @@ def build_multi(folder: str) -> dict[str, Any]:
         "ranks": ranks,
         "nodes": nodes,
     }
+
+
+CLOCK_SKEW_S = 2.0
+"""How far apart two nodes' clocks may be: runs that ended this long before another began
+did not run at once."""
+
+
+def _span(run: dict[str, Any]) -> tuple[float, float] | None:
+    """When a run began and ended (seconds since the epoch), from its report's ``run``;
+    None where its meta.json does not say."""
+    start, secs = run.get("start"), run.get("duration_s")
+    if not isinstance(start, str) or not isinstance(secs, int | float) or isinstance(
+            secs, bool):
+        return None
+    try:
+        began = datetime.fromisoformat(start).timestamp()
+    except ValueError:
+        return None
+    return began, began + float(secs)
+
+
+def _at_once(folder: str, spans: list[tuple[str, tuple[float, float] | None]]) -> None:
+    """Raise IolensError where the runs did not all run at once: the nodes of one job do,
+    while runs one after another (a run, then the run after a fix) are not ranks of one
+    job, and a straggler among them would only compare the two runs' speeds."""
+    known = [(name, span) for name, span in spans if span is not None]
+    if len(known) < 2:
+        return
+    first = min(known, key=lambda x: x[1][1])  # the one that ended first
+    last = max(known, key=lambda x: x[1][0])  # the one that began last
+    if last[1][0] - first[1][1] < CLOCK_SKEW_S:
+        return
+    gap = last[1][0] - first[1][1]
+    raise IolensError(
+        f"{folder}: its runs did not run at once, as the nodes of one job do ({first[0]} "
+        f"ended {gap:.0f} s before {last[0]} began): report each run (iolens report "
+        f"{os.path.join(folder, last[0])}), or compare two (iolens compare "
+        f"{os.path.join(folder, first[0])} {os.path.join(folder, last[0])})")
