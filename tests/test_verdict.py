@@ -415,6 +415,10 @@ def test_load_run_errors(tmp_path: Path) -> None:
         load_run(str(tmp_path / "nope"))
     with pytest.raises(IolensError, match="not a run directory"):
         load_run(str(tmp_path))
+    (tmp_path / "README.md").write_text("# a file\n")
+    with pytest.raises(IolensError, match=r"README.md: not a run directory \(a folder that "
+                       r"`iolens run` wrote, holding meta.json and records.jsonl\)$"):
+        load_run(str(tmp_path / "README.md"))
 
 
 def test_declared_workers_count_when_none_was_sampled() -> None:

@@ -113,6 +113,9 @@ def load_run(path: str, *, max_records: int | None = LONG_RUN_RECORDS,
     if os.path.isfile(path) and os.path.basename(path) == RECORDS:
         path = os.path.dirname(path) or "."
     if not os.path.isdir(path):
+        if os.path.exists(path):  # (a file: the report of a run, a script, a dataset)
+            raise IolensError(f"{path}: not a run directory (a folder that `iolens run` "
+                              f"wrote, holding {META} and {RECORDS})")
         raise IolensError(f"{path}: no such run directory")
     notes: list[str] = []
     meta: dict[str, Any] = {}

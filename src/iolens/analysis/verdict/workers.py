@@ -61,8 +61,19 @@ def fetch_text(pipe: Pipeline) -> str:
               else "")
            + f"and {(pipe.fetch_blocked_share or 0.0) * 100:.0f}% blocked off CPU")
     if pipe.samples:
-        out += (f", reading {(pipe.bytes_per_sample or 0.0) / 1024:.1f} KiB in "
-                f"{pipe.files_per_sample or 0.0:.2f} files per sample")
+        kib, files = (pipe.bytes_per_sample or 0.0) / 1024, pipe.files_per_sample or 0.0
+        least = (rules.READS_DATA_BYTES_IN_PROCESS if pipe.in_process
+                 else rules.READS_DATA_BYTES) / 1024
+        if files >= 0.005:
+            out += f", reading {kib:.1f} KiB in {files:.2f} files per sample"
+        elif kib >= least:  # (no file opened a sample: a pack, a stream, a memory map)
+            where = ("over the network" if pipe.net_bytes > 0
+                     else "through a memory map" if pipe.mapped
+                     else "from files held open" if pipe.on_disk
+                     else "without opening a file")
+            out += f", reading {kib:.1f} KiB a sample {where}"
+        else:
+            out += f", reading {kib:.1f} KiB a sample and opening no file"
     idle = pipe.worker_idle_share
     if idle is not None:
         out += f"; the workers idle {idle * 100:.0f}% of their time"
