@@ -99,9 +99,9 @@ def saturated_device(v: Verdict, load: DeviceLoad, *, ceiling: str, workers: int
                       iterable: bool = False, packed: str | None = None,
                       served: float = 0.0, per: float = 0.0) -> None:
     """A device the job's reads saturate, or keep slow with a queue: what it serves now is
-    its ceiling in this reading pattern (``served``: samples a second, and ``per``: its
-    bytes a sample, over the time the window's batches took: NOTE [the time a span's
-    batches took] in iolens/analysis/columns/run.py). A cache lifts it; a pack only where
+    its ceiling in this reading pattern (``served``: samples a second, and ``per``: the
+    dataset's bytes a sample, over the time the window's batches took: NOTE [the time a
+    span's batches took] in iolens/analysis/columns/run.py). A cache lifts it; a pack only where
     the device limits requests, not bytes, and the data is not in large files already:
     then reading the large files in larger requests (a batch of consecutive samples) is
     what a pack would have brought; data read in blocks already is told no more."""
@@ -203,8 +203,8 @@ def _pack_rec(v: Verdict, probe: dict[str, Any], load: DeviceLoad, sps: float,
               ceiling: str) -> Recommendation:
     """Packing on a device that limits requests: the same bytes in requests of about
     PACK_REQUEST_BYTES, each costing one of the device's requests (``sps``: the samples a
-    second the device served over ``load``'s intervals; ``sample_bytes``: what it read a
-    sample, where known)."""
+    second the device served over ``load``'s intervals; ``sample_bytes``: the dataset's
+    bytes a sample, where known, else what the device read a sample over them)."""
     iops, bw = num(probe, "iops_ceiling"), num(probe, "bandwidth_ceiling")
     per = sample_bytes or ((load.rkB_s * 1024 / sps) if sps > 0 else 0.0)  # (bytes a sample)
     m = v.model
