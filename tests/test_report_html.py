@@ -22,7 +22,7 @@ from iolens import IolensError
 from iolens.analysis.rundata import load_run
 from iolens.report import html as rhtml
 from iolens.report.build import build_report
-from iolens.report.html import Bucketer, bucket_size, downsample, render_html, script_json
+from iolens.report.html import bucket_size, bucketed, downsample, render_html, script_json
 from tests.conftest import need
 from tests.test_report import META, iolens, write_run
 from tests.test_verdict import SLOW_LOOP, dev, rec
@@ -85,7 +85,7 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="max_points"):
         downsample([1.0], [1.0], max_points=0)
     with pytest.raises(ValueError, match="size"):
-        Bucketer(1, 0)
+        bucketed([1.0], [1.0], 0)
 
 
 @given(st.lists(st.one_of(st.none(), st.floats(-1e9, 1e9)), max_size=400),
@@ -195,6 +195,31 @@ def test_charts_and_their_series(tmp_path: Path) -> None:
     assert by["train"]["data wait p50"]["y"] == [90.0] * 10  # ms
     assert by["job"]["job read"]["y"] == [7.0] * 10
     assert "lo" not in by["util"][EVIL]  # every interval drawn: no band
+
+
+def test_the_charts_draw_the_runs_columns_where_a_missing_figure_is_a_gap(
+        tmp_path: Path) -> None:
+    """The page reads the run's chart columns (RunData.series), read once, and is the page
+    of its records; a figure an interval lacks is a gap in its line (the verdict's columns
+    take it as 0), and a long run's bucket keeps its own extremes in the band."""
+    records = [rec(i, devices={"vda": dev(util=40.0, r_await=4.0)}) for i in range(6)]
+    del records[2]["devices"]["vda"]["r_await"]
+    records[3]["devices"]["vda"]["r_await"] = None
+    records[4]["merged"] = 30
+    records[4]["devices"]["vda"].update(util_min=5.0, util_max=99.0)
+    write_run(tmp_path / "run", records)
+    data = load_run(str(tmp_path / "run"))
+    s = data.series
+    assert s.devices["vda"]["r_await"].value == (4.0, 4.0, None, None, 4.0, 4.0)
+    assert data.devices["vda"].r_wait[2] == 0.0  # (the verdict's sum counts it as none)
+    util = s.devices["vda"]["util"]
+    assert util.low[4] == 5.0 and util.high[4] == 99.0 and util.low[3] is None
+    report = build_report(data)
+    page = render_html(report, s, plotlyjs=STUB_JS, max_points=3)
+    assert page == render_html(report, data.records, plotlyjs=STUB_JS, max_points=3)
+    by = {c["id"]: {x["name"]: x for x in c["series"]} for c in page_data(page)["charts"]}
+    assert by["await"]["vda r_await"]["y"] == [4.0, None, 4.0]
+    assert by["util"]["vda"]["lo"] == [40.0, 40.0, 5.0] and by["util"]["vda"]["hi"][2] == 99.0
 
 
 def test_a_long_run_is_downsampled_without_losing_spikes(tmp_path: Path) -> None:

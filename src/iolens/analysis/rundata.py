@@ -18,6 +18,7 @@ from iolens.analysis.columns import (
     RankColumns,
     RoleColumns,
     RunView,
+    SeriesColumns,
     StageColumns,
     StoreColumns,
 )
@@ -89,6 +90,12 @@ class RunData:
     def cpu(self) -> CpuColumns:
         """The machine's CPU shares as columns, read once."""
         return CpuColumns.of(self.records)
+
+    @functools.cached_property
+    def series(self) -> SeriesColumns:
+        """The figures its charts draw, as recorded (None where an interval has none), read
+        once."""
+        return SeriesColumns.of(self.records)
 
     @functools.cached_property
     def gpus(self) -> dict[int, GpuColumns]:

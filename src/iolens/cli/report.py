@@ -117,7 +117,7 @@ def _report(ns: argparse.Namespace, plotlyjs: str | None) -> int:
     elif ns.format == "html":
         from iolens.report.html import render_html  # noqa: PLC0415
 
-        text = render_html(report, data.records, plotlyjs=plotlyjs)
+        text = render_html(report, data.series, plotlyjs=plotlyjs)
         if not output:  # a page on standard output is of no use to a browser
             output = os.path.join(data.path, "report.html")
             default_output = True

@@ -26,13 +26,14 @@ import importlib
 import json
 import math
 import shlex
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from html import escape
-from typing import Any
+from typing import Any, cast
 
 from iolens._errors import IolensError
+from iolens.analysis.columns import Figure, SeriesColumns
 from iolens.analysis.verdict import clock
 from iolens.analysis.verdict.result import try_label
 from iolens.core.words import plural
@@ -79,65 +80,59 @@ def bucket_size(n: int, max_points: int = MAX_POINTS) -> int:
     return max(1, -(-n // max_points))
 
 
-class Bucketer:
-    """Folds aligned series into buckets of ``size`` consecutive intervals, as they stream in.
+def bucket_times(t: Sequence[float], size: int) -> list[float]:
+    """The mean time of each bucket of ``size`` consecutive intervals (a last, shorter
+    bucket included)."""
+    if size < 1:
+        raise ValueError("size must be at least 1")
+    return [math.fsum(t[a:a + size]) / len(t[a:a + size]) for a in range(0, len(t), size)]
 
-    Each :meth:`add` takes one interval: its time and one value per series
-    (None where the series has no figure then). Only the current bucket is
-    held, so a week of intervals costs no more memory than its buckets.
-    """
 
-    def __init__(self, width: int, size: int) -> None:
-        if size < 1:
-            raise ValueError("size must be at least 1")
-        self.width = width
-        self.size = size
-        self.t: list[float] = []
-        self.mean: list[list[float | None]] = [[] for _ in range(width)]
-        self.lo: list[list[float | None]] = [[] for _ in range(width)]
-        self.hi: list[list[float | None]] = [[] for _ in range(width)]
-        self._times: list[float] = []
-        self._cur: list[list[float]] = [[] for _ in range(width)]
-        self._cur_lo: list[list[float]] = [[] for _ in range(width)]
-        self._cur_hi: list[list[float]] = [[] for _ in range(width)]
+def bucketed(t: Sequence[float], y: Sequence[float | None], size: int, *,
+             low: Sequence[float | None] | None = None,
+             high: Sequence[float | None] | None = None) -> Downsampled:
+    """``y`` over ``t`` folded into buckets of ``size`` consecutive intervals: each one's
+    mean, minimum and maximum, None values left out (None in all three where it has none).
+    ``low`` and ``high``, where given, are each interval's own extremes (a bucket of a long
+    run, iolens.analysis.longrun; None: its value is both)."""
+    if len(t) != len(y):
+        raise ValueError("t and y differ in length")
+    return Downsampled(bucket_times(t, size), *_fold(y, size, low, high), size)
 
-    def add(self, t: float, values: Sequence[float | None],
-            lows: Sequence[float | None] | None = None,
-            highs: Sequence[float | None] | None = None) -> None:
-        """One interval; ``lows`` and ``highs``, where given, are its own extremes (a
-        bucket of a long run, iolens.analysis.longrun), else its value is both."""
-        self._times.append(t)
-        for i, v in enumerate(values):
-            if v is not None:
-                self._cur[i].append(v)
-                lo = lows[i] if lows is not None else None
-                hi = highs[i] if highs is not None else None
-                self._cur_lo[i].append(v if lo is None else lo)
-                self._cur_hi[i].append(v if hi is None else hi)
-        if len(self._times) >= self.size:
-            self._flush()
 
-    def _flush(self) -> None:
-        if not self._times:
-            return
-        self.t.append(math.fsum(self._times) / len(self._times))
-        self._times = []
-        for i, cur in enumerate(self._cur):
-            if cur:
-                self.mean[i].append(math.fsum(cur) / len(cur))
-                self.lo[i].append(min(self._cur_lo[i]))
-                self.hi[i].append(max(self._cur_hi[i]))
-                self._cur[i], self._cur_lo[i], self._cur_hi[i] = [], [], []
-            else:
-                self.mean[i].append(None)
-                self.lo[i].append(None)
-                self.hi[i].append(None)
+def _fold(y: Sequence[float | None], size: int, low: Sequence[float | None] | None,
+          high: Sequence[float | None] | None
+          ) -> tuple[list[float | None], list[float | None], list[float | None]]:
+    """Each bucket's mean, minimum and maximum (see :func:`bucketed`)."""
+    lows = y if low is None else _own(y, low)
+    highs = y if high is None else _own(y, high)
+    mean: list[float | None] = []
+    lo: list[float | None] = []
+    hi: list[float | None] = []
+    for a in range(0, len(y), size):
+        b = a + size
+        ys = y[a:b]
+        if None in ys:
+            cur = [v for v in ys if v is not None]
+            if not cur:
+                mean.append(None)
+                lo.append(None)
+                hi.append(None)
+                continue
+            lo.append(min(x for x in lows[a:b] if x is not None))
+            hi.append(max(x for x in highs[a:b] if x is not None))
+        else:  # (the most buckets: no gap, so no None in their extremes either)
+            cur = cast("list[float]", ys)
+            lo.append(min(cast("list[float]", lows[a:b])))
+            hi.append(max(cast("list[float]", highs[a:b])))
+        mean.append(math.fsum(cur) / len(cur))
+    return mean, lo, hi
 
-    def finish(self) -> list[Downsampled]:
-        """One :class:`Downsampled` per series (a last, shorter bucket included)."""
-        self._flush()
-        return [Downsampled(self.t, self.mean[i], self.lo[i], self.hi[i], self.size)
-                for i in range(self.width)]
+
+def _own(y: Sequence[float | None], ext: Sequence[float | None]) -> Sequence[float | None]:
+    """Each interval's own extreme where it has one, else its value (None where it has no
+    value)."""
+    return [v if x is None or v is None else x for v, x in zip(y, ext, strict=True)]
 
 
 def downsample(t: Sequence[float], y: Sequence[float | None],
@@ -149,15 +144,10 @@ def downsample(t: Sequence[float], y: Sequence[float | None],
     mean, so no extreme is lost; None values are left out of a bucket's
     figures, and a bucket with none has None in all three.
     """
-    if len(t) != len(y):
-        raise ValueError("t and y differ in length")
-    b = Bucketer(1, bucket_size(len(t), max_points))
-    for ti, yi in zip(t, y, strict=True):
-        b.add(ti, (yi,))
-    return b.finish()[0]
+    return bucketed(t, y, bucket_size(len(t), max_points))
 
 
-# -- series from the records --------------------------------------------------------------
+# -- series from the run's columns -------------------------------------------------------
 
 
 def _num(v: Any) -> float | None:
@@ -171,27 +161,13 @@ def _d(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-def _leaf(key: str, scale: float = 1.0) -> Callable[[dict[str, Any]], float | None]:
-    def get(d: dict[str, Any]) -> float | None:
-        v = _num(d.get(key))
-        return v * scale if v is not None else None
-    get.extremes = (_leaf_only(key + "_min", scale),  # type: ignore[attr-defined]
-                    _leaf_only(key + "_max", scale))
-    return get
-
-
-def _leaf_only(key: str, scale: float) -> Callable[[dict[str, Any]], float | None]:
-    def get(d: dict[str, Any]) -> float | None:
-        v = _num(d.get(key))
-        return v * scale if v is not None else None
-    return get
-
-
 @dataclass
 class _Series:
     name: str
     unit: str
-    get: Callable[[dict[str, Any]], float | None]
+    fig: Figure
+    scale: float = 1.0
+    """What the figure is multiplied by to be drawn in ``unit``."""
     axis: str = "y"
     agg: str = "mean"
     """``mean``: the line is each bucket's mean, with a min-max band; ``max``: its maximum."""
@@ -200,15 +176,6 @@ class _Series:
     hidden: bool = False
     color: str | None = None
     """A fixed colour (``#rrggbb``) instead of the palette's next one."""
-
-
-@dataclass
-class _Group:
-    """Series read from one part of a record (a device, a role, the training figures)."""
-
-    chart: str
-    part: Callable[[dict[str, Any]], dict[str, Any]]
-    series: list[_Series] = field(default_factory=list)
 
 
 @dataclass
@@ -222,73 +189,6 @@ class _Chart:
     """The series are drawn as stacked areas (parts of one whole), not as lines."""
 
 
-def _names(records: Iterable[dict[str, Any]]) -> tuple[list[str], list[str], list[int], bool]:
-    """Devices, roles and GPU indexes seen, in order of appearance, and whether any step."""
-    devs: dict[str, None] = {}
-    roles: dict[str, None] = {}
-    gpus: dict[int, None] = {}
-    steps = False
-    for rec in records:
-        for name in _d(rec.get("devices")):
-            devs.setdefault(str(name), None)
-        for role in _d(_d(rec.get("job")).get("roles")):
-            roles.setdefault(str(role), None)
-        g = rec.get("gpu")
-        if isinstance(g, list):
-            for e in g:
-                if isinstance(e, dict) and _num(e.get("util_pct")) is not None:
-                    idx = e.get("index", 0)
-                    if isinstance(idx, int):
-                        gpus.setdefault(idx, None)
-        if not steps:
-            steps = bool(_num(_d(_d(rec.get("train")).get("step")).get("count")))
-    order = {"main": 0, "worker": 1, "other": 2}
-    role_list = sorted(roles, key=lambda r: (order.get(r, 3), r))
-    return list(devs), role_list, sorted(gpus), steps
-
-
-def _gpu_part(index: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    def part(rec: dict[str, Any]) -> dict[str, Any]:
-        g = rec.get("gpu")
-        if isinstance(g, list):
-            for e in g:
-                if isinstance(e, dict) and e.get("index", 0) == index:
-                    return e
-        return {}
-    return part
-
-
-def _device_part(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    return lambda rec: _d(_d(rec.get("devices")).get(name))
-
-
-def _role_part(role: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    return lambda rec: _d(_d(_d(rec.get("job")).get("roles")).get(role))
-
-
-def _train_part(rec: dict[str, Any]) -> dict[str, Any]:
-    t = _d(rec.get("train"))
-    return t if _num(_d(t.get("step")).get("count")) else {}
-
-
-def _ms(part: str, key: str) -> Callable[[dict[str, Any]], float | None]:
-    def get(t: dict[str, Any]) -> float | None:
-        v = _num(_d(t.get(part)).get(key))
-        return v * 1000 if v is not None else None
-    return get
-
-
-def _pct(key: str) -> Callable[[dict[str, Any]], float | None]:
-    return _leaf(key, 100.0)
-
-
-def _machine_busy(cpu: dict[str, Any]) -> float | None:
-    idle = _num(cpu.get("idle"))
-    if idle is None:
-        return None
-    return max(0.0, 100.0 - idle - (_num(cpu.get("iowait")) or 0.0))
-
-
 _STAGES = (("fetch on CPU", "fetch_cpu_s", "#ff7f0e"),
            ("fetch blocked off CPU", "fetch_blocked_s", "#d62728"),
            ("collate", "collate_s", "#2ca02c"), ("hand-over", "handover_s", "#9467bd"),
@@ -298,7 +198,7 @@ _STAGES = (("fetch on CPU", "fetch_cpu_s", "#ff7f0e"),
 
 
 def _at(elapsed: Any) -> float | None:
-    """The key that ties a stage row to its record: the elapsed time, rounded."""
+    """The key that ties a stage row to its interval: the elapsed time, rounded."""
     v = _num(elapsed)
     return None if v is None else round(v, 6)
 
@@ -313,92 +213,89 @@ def stage_rows(report: dict[str, Any]) -> dict[float, dict[str, Any]]:
     return out
 
 
-def _stage_part(stages: dict[float, dict[str, Any]]
-                ) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    def part(rec: dict[str, Any]) -> dict[str, Any]:
-        at = _at(rec.get("elapsed_s"))
-        return stages.get(at, {}) if at is not None else {}
-    return part
+def _stage_figures(series: SeriesColumns, stages: dict[float, dict[str, Any]]
+                   ) -> dict[str, Figure]:
+    """Each stage's seconds per batch in each interval that has a stage row."""
+    rows = [stages.get(at, {}) if (at := _at(t)) is not None else {} for t in series.elapsed]
+    none = (None,) * len(rows)
+    return {key: Figure(tuple(_num(r.get(key)) if r else None for r in rows), none, none)
+            for _, key, _ in _STAGES}
 
 
-def _plan(records: Sequence[dict[str, Any]], gpu_names: dict[int, str],
+def _plan(series: SeriesColumns, gpu_names: dict[int, str],
           stages: dict[float, dict[str, Any]] | None = None, cache_hit: bool = True
-          ) -> tuple[list[_Chart], list[_Group]]:
-    devs, roles, gpus, steps = _names(records)
+          ) -> tuple[list[_Chart], list[tuple[str, _Series]]]:
+    """The charts, and the series each draws (chart id, series), in the page's order."""
+    roles = list(series.roles)
     charts: list[_Chart] = []
-    groups: list[_Group] = []
-    if devs:
+    out: list[tuple[str, _Series]] = []
+    if series.devices:
         charts += [_Chart("throughput", "Device throughput (rMB/s, wMB/s)", "MB/s"),
                    _Chart("await", "Device await (r_await, w_await)", "ms"),
                    _Chart("util", "Device utilization (%util)", "%")]
-        for name in devs:
-            part = _device_part(name)
-            groups.append(_Group("throughput", part, [
-                _Series(f"{name} read", "MB/s", _leaf("rkB_s", 1 / 1024)),
-                _Series(f"{name} write", "MB/s", _leaf("wkB_s", 1 / 1024), dash="dot")]))
-            groups.append(_Group("await", part, [
-                _Series(f"{name} r_await", "ms", _leaf("r_await")),
-                _Series(f"{name} w_await", "ms", _leaf("w_await"), dash="dot")]))
-            groups.append(_Group("util", part, [_Series(name, "%", _leaf("util"))]))
+        for name, dev in series.devices.items():
+            out += [("throughput", _Series(f"{name} read", "MB/s", dev["rkB_s"], 1 / 1024)),
+                    ("throughput", _Series(f"{name} write", "MB/s", dev["wkB_s"], 1 / 1024,
+                                           dash="dot")),
+                    ("await", _Series(f"{name} r_await", "ms", dev["r_await"])),
+                    ("await", _Series(f"{name} w_await", "ms", dev["w_await"], dash="dot")),
+                    ("util", _Series(name, "%", dev["util"]))]
+    job = series.job
     if roles and not cache_hit:
         # The dataset is on FUSE or NFS (or tmpfs): its reads never reach read_bytes, so
         # 1 - read_bytes/rchar is no page-cache hit there; its reads show as rchar.
         charts.append(_Chart("job", "The job's I/O: storage reads and writes, reads through "
                              "syscalls (rchar)", "MB/s"))
-        groups.append(_Group("job", lambda rec: _d(rec.get("job")), [
-            _Series("job read", "MB/s", _leaf("read_bytes_s", 1 / 2**20)),
-            _Series("job write", "MB/s", _leaf("write_bytes_s", 1 / 2**20), dash="dot")]))
         reader = "worker" if "worker" in roles else None
-        groups.append(_Group("job", _role_part(reader) if reader else
-                             lambda rec: _d(rec.get("job")), [
-            _Series(f"read() ({reader}s, rchar)" if reader else "read() (job, rchar)", "MB/s",
-                    _leaf("rchar_s", 1 / 2**20), dash="dash")]))
+        out += [("job", _Series("job read", "MB/s", job["read_bytes_s"], 1 / 2**20)),
+                ("job", _Series("job write", "MB/s", job["write_bytes_s"], 1 / 2**20,
+                                dash="dot")),
+                ("job", _Series(f"read() ({reader}s, rchar)" if reader else
+                                "read() (job, rchar)", "MB/s",
+                                (series.roles[reader] if reader else job)["rchar_s"],
+                                1 / 2**20, dash="dash"))]
     elif roles:
         hit_role = "worker" if "worker" in roles else None
         charts.append(_Chart("job", "The job's I/O: storage reads and writes, page-cache hits",
                              "MB/s", "cache hit %", (0.0, 105.0)))
-        job = _Group("job", lambda rec: _d(rec.get("job")), [
-            _Series("job read", "MB/s", _leaf("read_bytes_s", 1 / 2**20)),
-            _Series("job write", "MB/s", _leaf("write_bytes_s", 1 / 2**20), dash="dot")])
-        if hit_role is None:
-            job.series.append(_Series("cache hit (job)", "%", _pct("cache_hit"), axis="y2",
-                                      dash="dash"))
-        groups.append(job)
-        if hit_role is not None:
-            groups.append(_Group("job", _role_part(hit_role), [
-                _Series(f"cache hit ({hit_role}s)", "%", _pct("cache_hit"), axis="y2",
-                        dash="dash")]))
+        hit = series.roles[hit_role] if hit_role else job
+        out += [("job", _Series("job read", "MB/s", job["read_bytes_s"], 1 / 2**20)),
+                ("job", _Series("job write", "MB/s", job["write_bytes_s"], 1 / 2**20,
+                                dash="dot")),
+                ("job", _Series(f"cache hit ({hit_role}s)" if hit_role else "cache hit (job)",
+                                "%", hit["cache_hit"], 100.0, axis="y2", dash="dash"))]
     if roles:
         charts.append(_Chart("cpu", "CPU of the job's processes (% of one core) and the machine",
                              "% of a core", "machine busy %", (0.0, 105.0)))
-        for role in roles:
-            groups.append(_Group("cpu", _role_part(role), [
-                _Series(f"{role} CPU", "% of a core", _leaf("cpu_pct"))]))
-        groups.append(_Group("cpu", lambda rec: _d(rec.get("cpu")), [
-            _Series("machine busy", "%", _machine_busy, axis="y2", dash="dot", band=False)]))
-    if gpus:
+        out += [("cpu", _Series(f"{role} CPU", "% of a core", series.roles[role]["cpu_pct"]))
+                for role in roles]
+        out.append(("cpu", _Series("machine busy", "%", series.busy, axis="y2", dash="dot",
+                                   band=False)))
+    if series.gpus:
         charts.append(_Chart("gpu", "GPU utilization", "%"))
-        for i in gpus:
+        for i, gpu in series.gpus.items():
             label = f"GPU {i}" + (f" {gpu_names[i]}" if gpu_names.get(i) else "")
-            groups.append(_Group("gpu", _gpu_part(i), [_Series(label, "%", _leaf("util_pct"))]))
-    if steps:
+            out.append(("gpu", _Series(label, "%", gpu["util_pct"])))
+    if series.train:
         charts.append(_Chart("train", "Step time and data wait per batch", "ms"))
-        groups.append(_Group("train", _train_part, [
-            _Series("step p50", "ms", _ms("step", "p50_s")),
-            _Series("data wait p50", "ms", _ms("data_wait", "p50_s")),
-            _Series("step p95", "ms", _ms("step", "p95_s"), band=False, hidden=True),
-            _Series("data wait p95", "ms", _ms("data_wait", "p95_s"), band=False,
-                    hidden=True),
-            _Series("step max", "ms", _ms("step", "max_s"), agg="max", band=False, dash="dot"),
-            _Series("data wait max", "ms", _ms("data_wait", "max_s"), agg="max", band=False,
-                    dash="dot")]))
+        tr = series.train
+        out += [("train", _Series("step p50", "ms", tr["step.p50_s"], 1000)),
+                ("train", _Series("data wait p50", "ms", tr["data_wait.p50_s"], 1000)),
+                ("train", _Series("step p95", "ms", tr["step.p95_s"], 1000, band=False,
+                                  hidden=True)),
+                ("train", _Series("data wait p95", "ms", tr["data_wait.p95_s"], 1000,
+                                  band=False, hidden=True)),
+                ("train", _Series("step max", "ms", tr["step.max_s"], 1000, agg="max",
+                                  band=False, dash="dot")),
+                ("train", _Series("data wait max", "ms", tr["data_wait.max_s"], 1000,
+                                  agg="max", band=False, dash="dot"))]
     if stages:
         charts.append(_Chart("pipeline", "Input pipeline: stage split per batch over time "
                              "(means per batch, stacked)", "ms per batch", stack=True))
-        groups.append(_Group("pipeline", _stage_part(stages), [
-            _Series(label, "ms", _leaf_only(key, 1000.0), band=False, color=color)
-            for label, key, color in _STAGES]))
-    return charts, groups
+        figs = _stage_figures(series, stages)
+        out += [("pipeline", _Series(label, "ms", figs[key], 1000.0, band=False, color=color))
+                for label, key, color in _STAGES]
+    return charts, out
 
 
 def _round(v: float | None) -> float | None:
@@ -408,68 +305,53 @@ def _round(v: float | None) -> float | None:
     return float(f"{v:.4g}")
 
 
-def chart_data(records: Sequence[dict[str, Any]], gpu_names: dict[int, str] | None = None,
-               max_points: int = MAX_POINTS, *,
+def _scaled(col: Sequence[float | None], scale: float) -> Sequence[float | None]:
+    return col if scale == 1.0 else [None if v is None else v * scale for v in col]
+
+
+def _extreme(col: Sequence[float | None], scale: float) -> Sequence[float | None] | None:
+    """A figure's extremes as drawn; None where no interval has its own."""
+    return _scaled(col, scale) if any(x is not None for x in col) else None
+
+
+def chart_data(run: SeriesColumns | Sequence[dict[str, Any]],
+               gpu_names: dict[int, str] | None = None, max_points: int = MAX_POINTS, *,
                stages: dict[float, dict[str, Any]] | None = None,
                cache_hit: bool = True) -> dict[str, Any]:
     """The charts' series (downsampled), their shared time axis and its full range.
 
-    ``stages``: the input pipeline's stage split per interval (:func:`stage_rows` of the
-    report), drawn stacked on the same time axis; ``cache_hit`` False leaves the page-cache
-    hit out (the dataset's storage never counts in read_bytes)."""
-    recs = [r for r in records if _num(r.get("elapsed_s")) is not None]
-    recs.sort(key=lambda r: float(r["elapsed_s"]))  # linear on the usual, ordered input
-    charts, groups = _plan(recs, gpu_names or {}, stages, cache_hit)
-    width = sum(len(g.series) for g in groups)
-    size = bucket_size(len(recs), max_points)
-    b = Bucketer(width, size)
-    row: list[float | None] = [None] * width
-    lows: list[float | None] = [None] * width
-    highs: list[float | None] = [None] * width
-    for rec in recs:
-        i = 0
-        merged = "merged" in rec  # a bucket of a long run carries its own extremes
-        for g in groups:
-            part = g.part(rec)
-            for s in g.series:
-                row[i] = s.get(part) if part else None
-                ext = getattr(s.get, "extremes", None) if merged and part else None
-                lows[i], highs[i] = (ext[0](part), ext[1](part)) if ext else (None, None)
-                i += 1
-        if merged:
-            b.add(float(rec["elapsed_s"]), row, lows, highs)
-        else:
-            b.add(float(rec["elapsed_s"]), row)
-    sampled = b.finish()
-    lo = hi = 0.0
-    if recs:
-        first = float(recs[0]["elapsed_s"])
-        lo = max(0.0, first - (_num(recs[0].get("interval_s")) or 0.0))
-        hi = float(recs[-1]["elapsed_s"])
-    if hi <= lo:
-        hi = lo + 1.0
+    ``run``: the run's chart figures (:attr:`RunData.series`), or its records, read into
+    them; ``stages``: the input pipeline's stage split per interval (:func:`stage_rows` of
+    the report), drawn stacked on the same time axis; ``cache_hit`` False leaves the
+    page-cache hit out (the dataset's storage never counts in read_bytes)."""
+    series = run if isinstance(run, SeriesColumns) else SeriesColumns.of(run)
+    charts, plotted = _plan(series, gpu_names or {}, stages, cache_hit)
+    size = bucket_size(len(series), max_points)
+    sampled = [Downsampled([], *_fold(_scaled(s.fig.value, s.scale), size,
+                                      _extreme(s.fig.low, s.scale),
+                                      _extreme(s.fig.high, s.scale)), size)
+               for _, s in plotted]
+    lo_t, hi_t = series.start, (series.elapsed[-1] if series.elapsed else 0.0)
+    if hi_t <= lo_t:
+        hi_t = lo_t + 1.0
     by_chart: dict[str, list[dict[str, Any]]] = {c.id: [] for c in charts}
-    i = 0
-    for g in groups:
-        for s in g.series:
-            ds = sampled[i]
-            i += 1
-            if all(v is None for v in ds.mean):
-                continue
-            entry: dict[str, Any] = {
-                "name": s.name, "unit": s.unit, "axis": s.axis,
-                "y": [_round(v) for v in (ds.hi if s.agg == "max" else ds.mean)],
-            }
-            if s.dash:
-                entry["dash"] = s.dash
-            if s.hidden:
-                entry["hidden"] = True
-            if s.color:
-                entry["color"] = s.color
-            if s.band and size > 1:
-                entry["lo"] = [_round(v) for v in ds.lo]
-                entry["hi"] = [_round(v) for v in ds.hi]
-            by_chart[g.chart].append(entry)
+    for (chart, s), ds in zip(plotted, sampled, strict=True):
+        if all(v is None for v in ds.mean):
+            continue
+        entry: dict[str, Any] = {
+            "name": s.name, "unit": s.unit, "axis": s.axis,
+            "y": [_round(v) for v in (ds.hi if s.agg == "max" else ds.mean)],
+        }
+        if s.dash:
+            entry["dash"] = s.dash
+        if s.hidden:
+            entry["hidden"] = True
+        if s.color:
+            entry["color"] = s.color
+        if s.band and size > 1:
+            entry["lo"] = [_round(v) for v in ds.lo]
+            entry["hi"] = [_round(v) for v in ds.hi]
+        by_chart[chart].append(entry)
     out_charts = []
     for c in charts:
         if not by_chart[c.id]:
@@ -482,9 +364,10 @@ def chart_data(records: Sequence[dict[str, Any]], gpu_names: dict[int, str] | No
         if c.stack:
             spec["stack"] = True
         out_charts.append(spec)
-    return {"x": [round(t, 3) for t in (sampled[0].t if sampled else [])],
-            "range": [round(lo, 3), round(hi, 3)], "per_bucket": size,
-            "intervals": len(recs), "charts": out_charts}
+    times = bucket_times(series.elapsed, size) if sampled else []
+    return {"x": [round(t, 3) for t in times],
+            "range": [round(lo_t, 3), round(hi_t, 3)], "per_bucket": size,
+            "intervals": len(series), "charts": out_charts}
 
 
 # -- windows ------------------------------------------------------------------------------
@@ -816,19 +699,15 @@ def _storage_table(report: dict[str, Any]) -> str:
         + "</div>")
 
 
-def _clock0(report: dict[str, Any], records: Sequence[dict[str, Any]]) -> float | None:
-    """Seconds since the epoch at elapsed zero: from the run's start, else the records."""
+def _clock0(report: dict[str, Any], series: SeriesColumns) -> float | None:
+    """Seconds since the epoch at elapsed zero: from the run's start, else its intervals'."""
     start = _d(report.get("run")).get("start")
     if isinstance(start, str):
         try:
             return datetime.fromisoformat(start).timestamp()
         except ValueError:
             pass
-    for r in records:
-        t, el = _num(r.get("t")), _num(r.get("elapsed_s"))
-        if t is not None and el is not None:
-            return t - el
-    return None
+    return series.clock0
 
 
 def _charts_section(data: dict[str, Any]) -> str:
@@ -1088,9 +967,10 @@ _JS = r"""
 """
 
 
-def render_html(report: dict[str, Any], records: Sequence[dict[str, Any]], *,
+def render_html(report: dict[str, Any], run: SeriesColumns | Sequence[dict[str, Any]], *,
                 plotlyjs: str | None = None, max_points: int = MAX_POINTS) -> str:
-    """The whole page: the report object's sections, then the charts of ``records``.
+    """The whole page: the report object's sections, then the charts of ``run`` (its chart
+    figures, :attr:`RunData.series`, or its records, read into them).
 
     ``plotlyjs`` is the plotly.js source to embed (by default the one the
     plotly package carries; :func:`plotly_js` raises IolensError without it).
@@ -1102,13 +982,14 @@ def render_html(report: dict[str, Any], records: Sequence[dict[str, Any]], *,
                  for x in _d(report.get("gpus")).get("gpus") or []
                  if isinstance(x, dict) and isinstance(x.get("index"), int) and x.get("name")}
     procs = _d(report.get("processes")).values()
-    data = chart_data(records, gpu_names, max_points, stages=stage_rows(report),
+    series = run if isinstance(run, SeriesColumns) else SeriesColumns.of(run)
+    data = chart_data(series, gpu_names, max_points, stages=stage_rows(report),
                       cache_hit=not any(_d(p).get("cache_hit_note") for p in procs))
     wins = windows(report)
     data["shapes"] = shapes(wins)
-    data["clock0"] = _clock0(report, records)
-    run = _d(report.get("run"))
-    title = f"iolens report: {run.get('path') or ''}"
+    data["clock0"] = _clock0(report, series)
+    info = _d(report.get("run"))
+    title = f"iolens report: {info.get('path') or ''}"
     return "".join([
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
         f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',

@@ -433,7 +433,7 @@ def report_file(path: str, tmp: str) -> str:
     try:
         from iolens.report.html import plotly_js, render_html  # noqa: PLC0415
 
-        text, name = render_html(report, data.records, plotlyjs=plotly_js()), "report.html"
+        text, name = render_html(report, data.series, plotlyjs=plotly_js()), "report.html"
     except IolensError:
         from iolens.report.text import render_text  # noqa: PLC0415
 

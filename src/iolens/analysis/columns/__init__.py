@@ -7,7 +7,8 @@ the workers' stage timing and what helpers read for the job; :class:`DeviceColum
 :class:`GpuColumns` each device's, each role's, each storage entry's, each rank's and each
 GPU's figures, and :class:`CpuColumns` the machine's CPU, with the indices of the
 intervals that have them (in ``named``); :class:`RunView` a run as the verdict takes
-it, and :class:`RunColumns` and :class:`Span` what the verdict reads (in ``run``).
+it, and :class:`RunColumns` and :class:`Span` what the verdict reads (in ``run``);
+:class:`SeriesColumns` the figures the report's charts draw (in ``series``).
 Built once from a run's records (or from the model's resampling blocks), any span or pick
 of intervals is then summed from them without reading a record again: the model
 (:func:`iolens.analysis.model.figures`), the pipeline
@@ -27,6 +28,7 @@ from iolens.analysis.columns.named import (
     StoreColumns,
 )
 from iolens.analysis.columns.run import RunColumns, RunView, Span
+from iolens.analysis.columns.series import Figure, SeriesColumns
 from iolens.analysis.columns.stage import StageColumns, added, amount, network_bytes
 
 """NOTE [columns]: records travel as dicts from the run directory, and each part of the
@@ -41,20 +43,23 @@ records). The verdict's windows are interval indices into the columns, not lists
 records; the model's resampling blocks are folded from the columns (NOTE [blocks from
 the columns] in stage.py). An autotuned run's verdict takes the view of its intervals
 since the last change of settings (picked by their clock, ``t``) from the whole run's.
-What still reads records: the long run's fold (a Bucket folds records) and the report's
-HTML charts. `iolens compare` reads each run's columns (its interval samples, its
-per-interval distributions, the pipeline of its proof) and hands each run's view to its
-verdict."""
+The report's HTML charts read :class:`SeriesColumns`, the figures as recorded (a chart
+leaves a missing figure out where a sum takes it as 0). What still reads records: the long
+run's fold (a Bucket folds records). `iolens compare` reads each run's columns (its
+interval samples, its per-interval distributions, the pipeline of its proof) and hands
+each run's view to its verdict."""
 
 __all__ = [
     "CpuColumns",
     "DeviceColumns",
     "DeviceLoad",
+    "Figure",
     "GpuColumns",
     "RankColumns",
     "RoleColumns",
     "RunColumns",
     "RunView",
+    "SeriesColumns",
     "Span",
     "StageColumns",
     "StoreColumns",
