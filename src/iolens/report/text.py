@@ -361,10 +361,16 @@ def printable(value: Any) -> Any:
     if isinstance(value, str):
         return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], value)
     if isinstance(value, dict):
-        return {printable(k): printable(v) for k, v in value.items()}
+        return {printable(k): v if type(v) in _PLAIN else printable(v)
+                for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [printable(v) for v in value]
+        return [v if type(v) in _PLAIN else printable(v) for v in value]
     return value
+
+
+_PLAIN = frozenset((float, int, bool, type(None)))
+"""What :func:`printable` hands back as it is, with no call (a week's report holds 79,000
+figures)."""
 
 
 def print_report(report: dict[str, Any], console: Console) -> None:
