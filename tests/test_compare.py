@@ -355,6 +355,19 @@ def test_no_bound_or_a_passed_one_exits_0(tmp_path: Path) -> None:
     assert "no bound crossed" in out.stdout
 
 
+def test_a_run_compared_with_itself_is_told_so(tmp_path: Path) -> None:
+    """The same directory twice (a copy-paste slip in a CI script) compares every figure
+    with itself: the comparison says so, however the two paths are spelt."""
+    run = noisy_run(tmp_path / "run", seed=1)
+    (tmp_path / "link").symlink_to(run)
+    out = iolens("compare", str(run), str(tmp_path / "link") + "/", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert any("the same run directory" in w for w in json.loads(out.stdout)["warnings"])
+    other = noisy_run(tmp_path / "other", seed=1)  # the same figures, another run
+    out = iolens("compare", str(run), str(other), "--format", "json")
+    assert not any("the same run directory" in w for w in json.loads(out.stdout)["warnings"])
+
+
 def test_text_output_prints_run_strings_as_they_are(tmp_path: Path) -> None:
     base = noisy_run(tmp_path / "[red]base[/red]", seed=1)
     new = noisy_run(tmp_path / "new", seed=2, step=0.2)

@@ -316,6 +316,10 @@ def compare_runs(base: RunData, new: RunData, *, resamples: int = RESAMPLES,
         sides.append((batches, interval_samples(run.columns, run.devices)))
     (bb, ib), (bn, inn) = sides
     warnings: list[str] = []
+    if _same_dir(base.path, new.path):
+        warnings.append("BASE and NEW are the same run directory: each figure is compared "
+                        "with itself, so nothing can have changed (NEW is the run after "
+                        "the change)")
     # Each run's best figures, independently: every batch where it has them.
     kinds = (BATCHES if bb is not None else INTERVALS, BATCHES if bn is not None else INTERVALS)
     source = kinds[0] if kinds[0] == kinds[1] else MIXED
@@ -384,6 +388,15 @@ def compare_runs(base: RunData, new: RunData, *, resamples: int = RESAMPLES,
     thr = next((m.to_dict() for m in results if m.spec.id == "throughput"), None)
     proof = prove(vb, vn, base.columns, new.columns, thr)
     return Comparison(side_b, side_n, source, results, warnings, resamples, seed, proof)
+
+
+def _same_dir(a: str, b: str) -> bool:
+    """Whether the paths ``a`` and ``b`` name one directory (through links, or however
+    spelt)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 UNFINISHED_MARK = "the recording did not finish"
