@@ -772,3 +772,26 @@ def test_a_device_serves_over_the_time_its_batches_took_not_their_intervals_alon
     # over the timed intervals alone: 64 samples a second where 32 were served, and 32 KiB
     assert span.total("batches") * 16 / span.total("secs") == pytest.approx(64.0)
     assert sample_bytes(span, "loop0", 16, span.within()) == pytest.approx(32 * 1024)
+
+
+def test_a_storage_bound_fetch_reads_over_the_time_its_batches_took() -> None:
+    """Steps of 0.5 s end a batch in every other 0.25 s interval, and the workers read in
+    each: the evidence's bytes a sample are what they read over the time the window's
+    batches took (the pack's basis: 64 KiB, less the first batch's half), not over its
+    timed intervals alone (32 KiB)."""
+    out = []
+    for i in range(60):
+        r = rec(i, batches=i % 2 * 2, wait=0.45, step=0.5, secs=0.25,
+                devices={"loop0": dev(util=99, r_s=64, rkb=64 * 64, r_await=30, aqu=3.0)},
+                worker_rchar=64 * 65536.0, job_read=64 * 65536.0)
+        if i % 2:
+            r["train"]["pipeline"] = {
+                "batches": 2, "samples": 32, "processes": 2, "in_process": False,
+                "fetch_s": 1.0, "fetch_cpu_s": 0.01, "collate_s": 0.002, "idle_s": 0.0,
+                "files": 32, "handover": {"count": 2, "sum_s": 0.001}}
+        out.append(r)
+    v = diagnose(out, META)
+    assert v.cls == "storage-bound"
+    fetch = next(e for e in v.evidence if "to fetch a sample" in e)
+    assert "took 31.25 ms to fetch a sample" in fetch
+    assert "reading 62.9 KiB in 1.00 files per sample" in fetch  # 59 of 60 intervals' reads

@@ -85,7 +85,8 @@ intervals, 224 over its 72 timed ones, and read 63 KiB a sample where the timed 
 1.4 times what it then served. :meth:`Span.covered` adds to each timed interval the
 untimed ones before it that its longest step reached back into: never past the timed one
 before it (nor before the run's first), so a pause with no batch (an evaluation, a
-checkpoint) stays out."""
+checkpoint) stays out. A storage-bound window's device rate, the fetch its evidence tells
+and the bytes a sample of its pack are taken over those."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 from iolens.analysis import model as pm
 from iolens.analysis import rules
 from iolens.analysis.columns import DeviceLoad, RunColumns, Span, added
-from iolens.analysis.pipeline import pipeline_over
+from iolens.analysis.pipeline import Pipeline, pipeline_over
 from iolens.analysis.verdict.figures import (
     bursty,
     busiest_read,
@@ -97,6 +97,11 @@ def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
                        share=share, when=when, ceiling=ceiling, workers=workers)
     elif best is not None:
         load, own = best
+        # What the fetch did over the time the window's batches took, not its timed
+        # intervals alone (NOTE [the time a span's batches took]): the figures the pack's
+        # prediction is made of.
+        covered = span.covered()
+        whole = pipeline_over(span.cols.run, sorted(covered), meta)
         v.cls, v.devices = "storage-bound", [load.name]
         v.evidence.append(
             f"{load.name} {load.util:.0f}% util, r_await {load.r_await:.1f} ms, aqu-sz "
@@ -104,11 +109,12 @@ def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
             f"{load.rareq_kib:.0f} KiB, {own * 100:.0f}% of its reads by this job{when}")
         v.evidence.append(f"the loop waited {share * 100:.1f}% of its step time for data")
         if pipe is not None:
-            v.evidence.append(fetch_text(pipe))
+            v.evidence.append(fetch_text(whole or pipe))
         saturated_device(v, load, ceiling=ceiling, workers=workers,
                           iterable=any(steps.iterable[i] for i in picks)
                           or any(d.get("iterable") is True for d in v.loaders),
-                          packed=packed_text(v, pipe), **_served(span, load.name, v, meta))
+                          packed=packed_text(v, pipe),
+                          **_served(span, load.name, v, covered, whole))
     elif (pipe is not None and blocked and not idle_workers
           and waits_on_storage(pipe, span, v.storage, d_share)):
         storage_from_inside(v, pipe, span, share=share, when=when, ceiling=ceiling,
@@ -254,10 +260,12 @@ def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
         v.windows.append(window)
 
 
-def _served(span: Span, device: str, v: Verdict, meta: dict[str, Any]) -> dict[str, float]:
+def _served(span: Span, device: str, v: Verdict, covered: set[int],
+            pipe: Pipeline | None) -> dict[str, float]:
     """The samples a second ``device`` served over ``span`` and the bytes a sample the
-    dataset holds, over the time the span's batches took (NOTE [the time a span's batches
-    took] in iolens/analysis/columns/run.py); none where the run has no model.
+    dataset holds, over the time the span's batches took (``covered``, its intervals, and
+    ``pipe``, the fetch over them: NOTE [the time a span's batches took] in
+    iolens/analysis/columns/run.py); none where the run has no model.
 
     The bytes a sample are what the fetch read through read() calls (rchar), where it
     read so: what the device read holds readahead beyond each sample under a shuffled
@@ -265,8 +273,7 @@ def _served(span: Span, device: str, v: Verdict, meta: dict[str, Any]) -> dict[s
     read does not read; else (a memory map) what the device read."""
     if v.model is None or v.model.whole is None:
         return {}
-    covered, batch = span.covered(), v.model.whole.batch
-    pipe = pipeline_over(span.cols.run, sorted(covered), meta)
+    batch = v.model.whole.batch
     n = (pipe.byte_samples or pipe.samples) if pipe is not None else 0
     data = pipe.read_bytes / n if pipe is not None and n and pipe.read_bytes > 0 else 0.0
     return {"served": served_per_s(span, batch, covered),
