@@ -18,6 +18,7 @@ from iolens.analysis import longrun
 from iolens.analysis.longrun import bucket_seconds, fold_records
 from iolens.analysis.rundata import load_run
 from iolens.analysis.verdict import diagnose
+from iolens.recorder.summary import summarize
 from iolens.report.build import build_report
 from iolens.rundir.rollup import Bucket
 from tests.test_verdict import META, SLOW_LOOP, dev, rec
@@ -291,6 +292,30 @@ def test_the_recorders_rollups_give_the_buckets_of_its_records(
     assert r["merged"] == 60 and r["train"]["ranks"]["1"]["batches"] == 600
     gpu = r["gpu"][0]  # intervals 599-658: 99%, then 0-58%
     assert (gpu["util_pct_min"], gpu["util_pct_max"]) == (0.0, 99.0) and "pipeline" in r["train"]
+
+
+def test_a_long_run_ends_reading_its_rollups_not_every_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [a long run's end]: the summary and the verdict at the end of `iolens run` read
+    a long run as its report does, from the rollups, and the verdict is the report's; a
+    run with records the run directory could not take reads them all, one by one."""
+    from iolens.job import run as job_run
+
+    run = recorded(tmp_path / "run", slow_run(2000))
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 60)
+    monkeypatch.setattr(job_run, "LONG_RUN_RECORDS", 500)
+    starts = read_from(monkeypatch)
+    records, view = job_run._finished_records(str(run), [])
+    assert starts == [(run / "records.jsonl").stat().st_size]  # no record read one by one
+    assert view is not None and len(records) == 34 and records[10]["merged"] == 60
+    assert summarize(records)["batches"] == 20_000
+    report = build_report(load_run(str(run), max_records=500))
+    assert diagnose(view, {}).to_dict()["class"] == report["verdict"]["class"]
+    records, view = job_run._finished_records(str(run), [rec(2000)])  # one not saved
+    assert view is None and len(records) == 2001 and "merged" not in records[0]
+    monkeypatch.setattr(job_run, "LONG_RUN_RECORDS", 50_000)  # a run of 2000: as it was
+    records, view = job_run._finished_records(str(run), [])
+    assert view is None and len(records) == 2000
 
 
 def test_a_bucket_read_back_from_its_rollup_line_is_the_bucket_written(
