@@ -827,3 +827,33 @@ def test_a_model_given_the_storage_ceiling_is_the_one_built_with_it(name: str) -
         assert (later.whole, later.draws, later.unavailable) == (
             anew.whole, anew.draws, anew.unavailable), sps
         assert m.whole is not None and m.whole.storage_sps is None  # (left as it was)
+
+
+def test_a_prediction_that_the_change_went_the_other_way_fails() -> None:
+    """NOTE [a prediction the other way]: a gain predicted, and the run after the change
+    slower than the one before: within 25% of the prediction, yet it failed."""
+    from iolens.analysis import proof
+    from iolens.analysis.columns import StageColumns
+    from iolens.analysis.verdict import Verdict
+
+    one = [interval(i, workers=1) for i in range(30)]
+    two = [interval(i, workers=2) for i in range(30)]
+    before = Verdict("loader-starved", "high", 0.7, model=Model(one, cpus=2))
+    after = Verdict("loader-starved", "high", 0.5, model=Model(two, cpus=2))
+    cols = StageColumns.of(one), StageColumns.of(two)
+    pred, _ = proof._remodelled(before, {"num_workers": 2})
+    assert pred is not None
+    base = pred.steps_per_s / 1.15  # a gain of 15% predicted
+
+    def held(new: float) -> dict[str, Any]:
+        out = proof.prove(before, after, *cols, {"base": base, "new": new})
+        assert out["change"] == {"num_workers": 2}, out
+        return out
+
+    slower = held(base * 0.97)  # 16% under the prediction, and slower than before
+    assert abs(slower["error"]) < proof.HELD_TOLERANCE
+    assert slower["wrong_way"] and not slower["held"]
+    assert "FAILED (-16%: the change went the other way)" in proof.text(slower)
+    faster = held(base * 1.03)  # a gain, 10% under the prediction: held
+    assert not faster["wrong_way"] and faster["held"]
+    assert held(pred.steps_per_s * 0.7)["held"] is False  # (30% under: failed, as before)
