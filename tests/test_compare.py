@@ -392,6 +392,9 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     run = noisy_run(tmp_path / "run", seed=1)
     missing = iolens("compare", str(run), str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no such run directory" in missing.stderr
+    both = iolens("compare", str(tmp_path / "nope1"), str(tmp_path / "nope2"))
+    assert both.returncode == 2 and "nope1: no such" in both.stderr  # each wrong path told
+    assert "nope2: no such" in both.stderr
     empty = write_run(tmp_path / "empty", [], {"cpus": 8})
     out = iolens("compare", str(run), str(empty))
     assert out.returncode == 2 and "empty" in out.stderr

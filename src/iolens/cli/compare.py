@@ -7,10 +7,13 @@ import io
 import json
 import shutil
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from iolens._errors import IolensError
 from iolens.cli._batch import no_cycle_collection, read_run
+
+if TYPE_CHECKING:
+    from iolens.analysis.rundata import RunData
 
 _EPILOG = """\
 What is compared (BASE and NEW, the change, and its 95% confidence interval):
@@ -105,13 +108,24 @@ def run(ns: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"iolens compare: --fail-on: {exc}", file=sys.stderr)
             return 2
-    try:
-        with no_cycle_collection():  # NOTE [no cycle collection] in iolens/cli/_batch.py
-            new = read_run(ns.new, "compare")
-            cmp = compare.compare_runs(read_run(ns.base, "compare"), new)
-    except IolensError as exc:
-        print(f"iolens compare: {exc}", file=sys.stderr)
+    runs: list[RunData] = []
+    errors: list[str] = []
+    with no_cycle_collection():  # NOTE [no cycle collection] in iolens/cli/_batch.py
+        for path in (ns.base, ns.new):  # (both read: a wrong path each is told at once)
+            try:
+                runs.append(read_run(path, "compare"))
+            except IolensError as exc:
+                errors.append(str(exc))
+        if not errors:
+            try:
+                cmp = compare.compare_runs(*runs)
+            except IolensError as exc:
+                errors.append(str(exc))
+    if errors:
+        for e in errors:
+            print(f"iolens compare: {e}", file=sys.stderr)
         return 2
+    new = runs[1]
     gate = compare.evaluate_gate(cmp.metrics, bounds)
     obj = compare.to_dict(cmp, gate, strict=ns.strict)
     failed = compare.unfinished(new) if bounds else None

@@ -75,9 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="iolens run",
         usage="iolens run [--out DIR] [--interval S] [--path P ...] [--device D ...] "
-              "[--prometheus [HOST:]PORT] [--job NAME] [--csv FILE] [--tensorboard DIR] "
-              "[--mlflow] [--wandb] [--set KEY=VALUE ...] [--set-loader NAME] [--autotune] "
-              "-- CMD ...",
+              "[--no-instrument] [--set KEY=VALUE ...] [--set-loader NAME] [--autotune] "
+              "[--linger S] [--prometheus [HOST:]PORT] [--job NAME] [--csv FILE] "
+              "[--tensorboard DIR] [--mlflow] [--wandb] [--live | --no-live] -- CMD ...",
         description="Run CMD and record, every interval, the disks, the job's processes and "
                     "how long its training loop waits for data.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
