@@ -236,6 +236,14 @@ def test_a_long_run_is_downsampled_without_losing_spikes(tmp_path: Path) -> None
     assert max(by["train"]["step max"]["y"]) == 2500.0
 
 
+def test_the_verdicts_caveat_is_on_the_page(tmp_path: Path) -> None:
+    report, recs = report_of(tmp_path / "run", evil_records(10), {**META, "exit_code": 1})
+    caveat = report["verdict"]["caveat"]
+    assert caveat.startswith("the job failed (exit code 1)")
+    assert f'<p class="caveat">note: {html.escape(caveat)}</p>' in render_html(
+        report, recs, plotlyjs=STUB_JS)
+
+
 def test_an_empty_run_has_no_charts(tmp_path: Path) -> None:
     report, recs = report_of(tmp_path / "run", [], {**META, "instrumented": False})
     page = render_html(report, recs, plotlyjs=STUB_JS)

@@ -12,7 +12,7 @@ from iolens import IolensError
 from iolens.analysis import rules
 from iolens.analysis.pipeline import pipeline
 from iolens.analysis.rundata import load_run
-from iolens.analysis.verdict import Verdict, clock, diagnose, severity
+from iolens.analysis.verdict import Verdict, clock, diagnose, severity, verdict_lines
 
 
 def dev(util: float = 0.0, r_s: float = 0.0, rkb: float = 0.0, r_await: float = 0.0,
@@ -795,3 +795,19 @@ def test_a_storage_bound_fetch_reads_over_the_time_its_batches_took() -> None:
     fetch = next(e for e in v.evidence if "to fetch a sample" in e)
     assert "took 31.25 ms to fetch a sample" in fetch
     assert "reading 62.9 KiB in 1.00 files per sample" in fetch  # 59 of 60 intervals' reads
+
+
+@pytest.mark.parametrize(("code", "how"), [(1, "failed"), (130, "was stopped"),
+                                           (0, None), (None, None)])
+def test_a_job_that_failed_or_was_stopped_has_its_verdict_caveated(code: int | None,
+                                                                    how: str | None) -> None:
+    """A job that raised, or was stopped, after some batches: the verdict is of what it
+    did until then, and says so (the text's note, the JSON's caveat)."""
+    v = diagnose(run_of(5, wait=0.09), {**META, "exit_code": code})
+    assert v.cls != "no-steps"
+    if how is None:
+        assert v.caveat is None
+    else:
+        assert v.caveat == (f"the job {how} (exit code {code}) after 50 batches: the "
+                            "verdict is of what it did until then")
+        assert f"note: {v.caveat}" in verdict_lines(v.to_dict())

@@ -498,6 +498,8 @@ def _verdict_section(report: dict[str, Any], wins: Sequence[dict[str, Any]]) -> 
     if v.get("devices"):
         head += f' <span class="devs">device: {_e(", ".join(map(str, v["devices"])))}</span>'
     parts = [f'<section class="verdict"><h2>Verdict</h2><p class="head">{head}</p>']
+    if v.get("caveat"):
+        parts.append(f'<p class="caveat">note: {_e(v["caveat"])}</p>')
     if v.get("evidence"):
         parts.append("<h3>Evidence</h3><ul>" + "".join(
             f"<li>{_e(x)}</li>" for x in v["evidence"]) + "</ul>")
@@ -751,7 +753,7 @@ code{font-family:ui-monospace,monospace;word-break:break-all}
 .verdict{border:1px solid #ccc;border-radius:6px;padding:.2em 1em .6em;background:#fcfcfc}
 .verdict h2{border:none}.head{font-size:1.1em}.cls{font-weight:700;font-size:1.2em}
 .sev{font-weight:600}.sev-high{color:#c0392b}.sev-moderate{color:#b7950b}
-.sev-none{color:#1e8449}.why{color:#666;font-size:.92em}.action{font-weight:500}
+.sev-none{color:#1e8449}.why{color:#666;font-size:.92em}.caveat{color:#9a6700}.action{font-weight:500}
 .swatch{display:inline-block;width:.9em;height:.9em;margin-right:.4em;opacity:.6;
 vertical-align:middle;border-radius:2px}.wins{list-style:none;padding-left:.5em}
 .dim{color:#666;font-size:.92em}.error{color:#c0392b;font-weight:600}

@@ -94,7 +94,20 @@ def diagnose(run: RunView | Sequence[dict[str, Any]],
         v.evidence.append(tuned)
     _not_what_failed(v, meta)
     how_to_try(v, meta)
+    _ended_early(v, meta, batches)
     return v
+
+def _ended_early(v: Verdict, meta: dict[str, Any], batches: int) -> None:
+    """A caveat where the job failed or was stopped: its figures are of what it did until
+    then (a new-user trial read "handover-bound, high" and a prediction of 597 steps/s,
+    with no word of caution, off a job that raised in its second second)."""
+    code = meta.get("exit_code")
+    if not isinstance(code, int) or isinstance(code, bool) or code == 0:
+        return
+    how = "was stopped" if code in (130, 143, -2, -15) else "failed"  # (SIGINT, SIGTERM)
+    note = (f"the job {how} (exit code {code}) after {plural(batches, 'batch', 'batches')}: "
+            "the verdict is of what it did until then")
+    v.caveat = f"{v.caveat}; {note}" if v.caveat else note
 
 def _not_what_failed(v: Verdict, meta: dict[str, Any]) -> None:
     """No advice asks for as many workers as autotune found to fail in this run (NOTE [a
