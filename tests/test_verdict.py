@@ -588,7 +588,7 @@ def test_counts_agree_with_their_nouns() -> None:
     assert plural(1.0, "DataLoader worker") == "1 DataLoader worker"
     v = diagnose(run_of(wait=0.05, step=0.1, workers=1, worker_cpu=10.0), META)
     assert v.cls == "loader-starved" and v.evidence[0].startswith(
-        "1 DataLoader worker at 10% of a core each"), v.evidence
+        "1 DataLoader worker at 10% of a core, "), v.evidence
     # a worker too short-lived to be sampled is still counted from the loader's settings
     v = diagnose(run_of(wait=0.05, step=0.1, workers=0),
                  {**META, "loaders": [{"num_workers": 2}]})

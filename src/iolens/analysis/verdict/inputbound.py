@@ -142,7 +142,7 @@ def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
         free = cpus * (idle or 0.0) / 100 if cpus else 0.0
         if workers:
             v.evidence.append(f"{plural(workers, 'DataLoader worker')} at {worker_cpu:.0f}% "
-                              f"of a core each{when}")
+                              f"of a core{' each' if workers > 1 else ''}{when}")
         if idle is not None:
             v.evidence.append(f"the machine's CPUs {100 - idle:.0f}% busy"
                               + (f" ({free:.1f} of {cpus} cores free)" if cpus else ""))
@@ -156,9 +156,11 @@ def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
             v.offer(fewer)
         target = v.model.workers_to_next_limit() if v.model is not None else None
         if fewer is None and target is not None and target > workers:
-            v.offer(raise_workers(v, workers, target, f"{free:.1f} cores are idle while "
-                                   "each worker is busy" if free >= 1 else
-                                   "the workers' CPU use leaves room", ceiling))
+            v.offer(raise_workers(
+                v, workers, target,
+                "loading in the main process stops the loop for every batch" if not workers
+                else f"{free:.1f} cores are idle while each worker is busy" if free >= 1
+                else "the workers' CPU use leaves room", ceiling))
         elif v.model is None and free >= 1:
             v.recommendations.append(Recommendation(
                 f"raise num_workers from {workers} to {workers + int(free)}",
@@ -168,7 +170,8 @@ def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
             "make the per-sample work cheaper: decode at lower resolution, move augmentation "
             "to the GPU (torchvision.transforms.v2 on tensors, DALI), or pre-process once and "
             "store the result",
-            f"the workers spend {worker_cpu:.0f}% of a core each on CPU work"
+            (f"the workers spend {worker_cpu:.0f}% of a core each on CPU work" if workers > 1
+             else f"the worker spends {worker_cpu:.0f}% of a core on CPU work")
             if workers else "the CPUs are busy", ceiling, {"fetch_cpu": 0.5},
             pm.cheaper_fetch(0.5), basis=["if the per-sample CPU cost halved"]))
         v.recommendations.append(tune(v))
@@ -181,7 +184,7 @@ def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
                               f"{storage}{when}")
         elif workers:
             v.evidence.append(f"{plural(workers, 'DataLoader worker')} at {worker_cpu:.0f}% "
-                              f"of a core each, {storage}{when}")
+                              f"of a core{' each' if workers > 1 else ''}, {storage}{when}")
         elif plain:
             v.evidence.append("the loop iterates a loader that is not a torch DataLoader "
                               "(wrapped with iolens.instrument()): each batch is made in the "
