@@ -72,8 +72,15 @@ class Prediction:
                 "now_steps_per_s": round(self.now, 3)}
 
     def text(self) -> str:
-        return (f"predicted {self.steps_per_s:.3g} steps/s ({self.low:.3g}-{self.high:.3g}, "
-                f"then {self.limit}-bound), now {self.now:.3g}")
+        """The figure in words, with the assumption it rests on where it rests on one (its
+        basis's "if ...", up to a colon or a bracket: "if the model step took half as
+        long")."""
+        given = next((b.split(":")[0].split(" (")[0] for b in self.basis
+                      if b.startswith("if ")), None)
+        return (f"predicted {self.steps_per_s:.3g} steps/s"
+                + (f" {given}" if given else "")
+                + f" ({self.low:.3g}-{self.high:.3g}, then {self.limit}-bound), "
+                f"now {self.now:.3g}")
 
 
 """NOTE [prediction intervals]: a prediction's interval holds two errors. The run's own
