@@ -141,8 +141,15 @@ def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
         v.cls = "cpu-bound-input"
         free = cpus * (idle or 0.0) / 100 if cpus else 0.0
         if workers:
-            v.evidence.append(f"{plural(workers, 'DataLoader worker')} at {worker_cpu:.0f}% "
-                              f"of a core{' each' if workers > 1 else ''}{when}")
+            # (their fetch's share on a core or queued for one is what decided: a worker
+            # at 24% of a core reads as idle beside it, on a machine with no core free)
+            cpu_share = (1 - (pipe.busy_blocked_share or 0.0)) if pipe is not None else None
+            v.evidence.append(
+                f"{plural(workers, 'DataLoader worker')} at {worker_cpu:.0f}% "
+                f"of a core{' each' if workers > 1 else ''}"
+                + (f", their fetch and collate on a core or waiting for one "
+                   f"{cpu_share * 100:.0f}% of the time" if cpu_share is not None else "")
+                + when)
         if idle is not None:
             v.evidence.append(f"the machine's CPUs {100 - idle:.0f}% busy"
                               + (f" ({free:.1f} of {cpus} cores free)" if cpus else ""))
