@@ -811,3 +811,21 @@ def test_a_job_that_failed_or_was_stopped_has_its_verdict_caveated(code: int | N
         assert v.caveat == (f"the job {how} (exit code {code}) after 50 batches: the "
                             "verdict is of what it did until then")
         assert f"note: {v.caveat}" in verdict_lines(v.to_dict())
+
+
+def test_bytes_a_device_read_are_the_datasets_only_where_it_is_on_one() -> None:
+    """A fetch that opens no file and reads nothing through read(): what a device read for
+    it is its dataset where the dataset is on a block device or mapped, else code (a
+    worker importing a module the page cache let go)."""
+    from iolens.analysis.pipeline import Pipeline
+    from iolens.analysis.verdict.storage import reads_dataset
+
+    def pipe(**kw: Any) -> Pipeline:
+        return Pipeline(batches=10, samples=160, fetch_s=0.8, fetch_cpu_s=0.01,
+                        collate_s=0.01, idle_s=0.0, files=0, handovers=10, handover_s=0.01,
+                        read_bytes=0.0, disk_bytes=160 * 2048.0, in_process=False,
+                        processes=1, **kw)
+
+    assert not reads_dataset(pipe(on_disk=False))  # 2 KiB a sample, no dataset on a disk
+    assert reads_dataset(pipe(on_disk=True))
+    assert reads_dataset(pipe(on_disk=False, mapped=True))

@@ -228,11 +228,15 @@ def _pack_rec(v: Verdict, probe: dict[str, Any], load: DeviceLoad, sps: float,
 
 def reads_dataset(pipe: Pipeline, storage: Sequence[dict[str, Any]] = ()) -> bool:
     """Whether the fetch reads files or bytes enough to be reading a dataset: files
-    opened, bytes read through syscalls, bytes read from a device (page faults of a
-    memmap count there, not in rchar), or a dataset mapped into memory."""
+    opened, bytes read through syscalls, bytes read from a device where the dataset is on
+    one or mapped (page faults of a memmap count there, not in rchar), or a dataset mapped
+    into memory. Bytes read from a device with no dataset on one are code: a worker that
+    imports a module the page cache no longer holds (a lab case whose fetch sleeps read
+    from none to 263 bytes a sample that way in five runs, and 1 KiB or more in one of
+    four others, where it was called a reader of data)."""
     least = rules.READS_DATA_BYTES_IN_PROCESS if pipe.in_process else rules.READS_DATA_BYTES
     return (bool(pipe.files) or (pipe.bytes_per_sample or 0.0) >= least
-            or (pipe.disk_bytes_per_sample or 0.0) >= least
+            or ((pipe.disk_bytes_per_sample or 0.0) >= least and (pipe.on_disk or pipe.mapped))
             or any(s.get("mapped") for s in storage[:1]))
 
 def waits_on_storage(pipe: Pipeline, span: Span, storage: list[dict[str, Any]],
