@@ -34,6 +34,7 @@ from typing import Any, cast
 
 from iolens._errors import IolensError
 from iolens.analysis.columns import Figure, SeriesColumns
+from iolens.analysis.columns.series import figure
 from iolens.analysis.verdict import clock
 from iolens.analysis.verdict.result import try_label
 from iolens.core.words import plural
@@ -150,11 +151,7 @@ def downsample(t: Sequence[float], y: Sequence[float | None],
 # -- series from the run's columns -------------------------------------------------------
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    f = float(v)
-    return f if math.isfinite(f) else None
+_num = figure  # (a figure as a chart or a table takes it: finite, else None)
 
 
 def _d(v: Any) -> dict[str, Any]:

@@ -81,7 +81,7 @@ class SeriesColumns:
         recs.sort(key=lambda r: float(r["elapsed_s"]))  # linear on the usual, ordered input
         devs, roles, gpus, steps = _names(recs)
         merged = ["merged" in r for r in recs]
-        out = cls(
+        return cls(
             elapsed=tuple(float(r["elapsed_s"]) for r in recs),
             start=max(0.0, float(recs[0]["elapsed_s"])
                       - (figure(recs[0].get("interval_s")) or 0.0)) if recs else 0.0,
@@ -95,7 +95,6 @@ class SeriesColumns:
             gpus={i: _figures([_gpu(r, i) for r in recs], GPU, merged) for i in gpus},
             train=_train(recs) if steps else {},
         )
-        return out
 
 
 def _d(v: Any) -> dict[str, Any]:
