@@ -208,6 +208,11 @@ def test_a_limit_above_the_device_is_found_from_the_wait_and_its_cache_holds(
     assert v["devices"] == [disk.loop_name], v
     load = first["devices"][disk.loop_name]
     assert load["util_pct"] < 50, load  # the requests wait above the device
+    # The workers, read from /proc, were in state D (NOTE [blocked by role]).
+    roles = [json.loads(line)["job"].get("roles") or {}
+             for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
+    workers = [r["worker"] for r in roles if "worker" in r]
+    assert sum(w["blocked"] for w in workers) > 0, workers
     cache = v["recommendations"][0]
     assert cache["change"] == {"storage": "ram"} and cache["prediction"], cache
     assert "above" in cache["because"], cache

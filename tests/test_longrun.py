@@ -224,6 +224,9 @@ def varied_run(n: int) -> list[dict[str, Any]]:
                      "mem_used_bytes": 1 << 30 + i % 3, "mem_total_bytes": 80 << 30}]
         r["storage"] = {"fuse:/mnt/data": {"read_bytes_s": 1e6 + i, "ops_s": 50.0}}
         r["mem"] = {"available_bytes": (64 << 30) - i, "dirty_bytes": i}
+        if i >= 150:  # the processes in state D by role, kept from then on
+            r["job"]["roles"]["worker"]["blocked"] = i % 3
+            r["job"]["roles"]["main"]["blocked"] = 0
     return out
 
 
@@ -342,6 +345,27 @@ def test_a_bucket_read_back_from_its_rollup_line_is_the_bucket_written(
                 assert a == b, f.name
             assert back.record() == written.record()
         assert any(b.gpu and b.store and b.ranks and b.pipe[0] for _, b in rolled.slots)
+
+
+def test_a_buckets_processes_in_state_d_are_its_records_by_role(tmp_path: Path) -> None:
+    """NOTE [blocked by role]: a bucket sums its intervals' process samples and those in
+    state D, by role, over the records that kept them only (the first 150 did not), so
+    that a long run's fetching processes read D as the records say."""
+    from iolens.analysis.columns.stage import StageColumns
+    from iolens.rundir.rollup import ROLLUP_LEVELS
+
+    records = varied_run(400)
+    run = recorded(tmp_path / "run", records)
+    want = StageColumns.of(records)
+    assert sum(want.worker_samples) == 250 * 2
+    assert sum(want.worker_blocked) == sum(i % 3 for i in range(150, 400))
+    for slot_s in ROLLUP_LEVELS[:2]:
+        buckets = fold_records(str(run / "records.jsonl"), slot_s, jobs=1).buckets
+        got = StageColumns.of([b.record() for b in buckets.values()])
+        for name in ("worker_samples", "worker_blocked", "main_samples", "main_blocked"):
+            assert sum(getattr(got, name)) == sum(getattr(want, name)), name
+        first = next(iter(buckets.values())).record()["job"]["roles"]["worker"]
+        assert "blocked" not in first  # none of its intervals kept it: not a 0
 
 
 def test_rollups_that_do_not_match_the_records_are_used_as_far_as_they_do(

@@ -435,14 +435,14 @@ def test_declared_workers_count_when_none_was_sampled() -> None:
 def piped(n: int = 30, *, fetch: float, cpu: float, collate: float = 0.001, idle: float = 0.0,
           handover: float = 0.0005, files: int = 8, wait: float = 0.05, step: float = 0.1,
           worker_rchar: float = 8 * 65536.0, job_read: float = 0.0,
-          epoch_start: float | None = None,
-          states: dict[str, int] | None = None) -> list[dict[str, Any]]:
+          epoch_start: float | None = None, states: dict[str, int] | None = None,
+          devices: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
     """Intervals of 10 batches of 8 samples, with the workers' stages per batch."""
     out = []
     for i in range(n):
         r = rec(i, batches=10, wait=wait, step=step, workers=2, worker_cpu=20.0,
                 worker_rchar=worker_rchar, job_read=job_read, epoch_start=epoch_start,
-                states=states)
+                states=states, devices=devices)
         r["train"]["pipeline"] = {
             "batches": 10, "samples": 80, "processes": 2, "in_process": False,
             "fetch_s": 10 * fetch, "fetch_cpu_s": 10 * cpu, "collate_s": 10 * collate,
@@ -483,6 +483,29 @@ def test_the_requests_waiting_on_a_fuse_mount_are_its_window_s_mean_over_time() 
     want = (9 * 2.0 + 10 * 2 * 3.0) / (9 + 10 * 2)
     assert f"{want:.1f} requests waiting on the FUSE connection on average" in v.evidence, \
         v.evidence
+
+
+@pytest.mark.parametrize("by_role", [True, False])
+def test_a_throttle_above_the_device_is_told_by_the_workers_state_not_the_jobs(
+        by_role: bool) -> None:
+    """NOTE [blocked by role]: the training process sleeps in S while its workers fetch.
+    Here the 2 workers are in D in 8 of 12 intervals and on a core in the other 4: 16 of
+    their 24 samples (0.67), 16 of the job's 36 (0.44). The workers' share decides where
+    the records keep it; records from before that keep the job's rule."""
+    records = piped(12, fetch=0.2, cpu=0.002, job_read=8 * 65536.0,
+                    devices={"loop0": dev(util=2, r_s=20, rkb=1280, r_await=0.3)})
+    for i, r in enumerate(records):
+        d = 2 if i % 3 else 0
+        r["job"]["states"] = {"D": d, "R": 2 - d, "S": 1}
+        if by_role:
+            r["job"]["roles"]["main"]["blocked"] = 0
+            r["job"]["roles"]["worker"]["blocked"] = d
+    v = diagnose(records, {**META, "storage": [ON_LOOP]})
+    if by_role:
+        assert v.cls == "storage-bound" and v.devices == ["loop0"], v.evidence
+    else:
+        assert v.cls == "loader-starved", v.evidence
+        assert any("wait on something else" in e for e in v.evidence), v.evidence
 
 
 def test_only_the_most_opened_mount_is_the_dataset() -> None:

@@ -40,7 +40,8 @@ BLOCKED_DEVICE_UTIL = 50.0
 waits on that device, though it is not saturated (a throughput cap above it holds a
 JPEG folder read by two workers at 80% util, 6 ms a read, 8.0 MB/s flat)."""
 D_STATE_SHARE = 0.5
-"""Job processes in uninterruptible sleep (state D) in half the samples or more:
+"""Processes in uninterruptible sleep (state D) in half their samples or more (the
+fetching ones where the records tell them, else the job's):
 the job waits on I/O even when the device it reads is not busy, because the
 limit sits above the device (a cgroup throttle, a network filesystem)."""
 

@@ -89,6 +89,9 @@ class RoleTotals:
     io_readable: bool = True
     run_delay_ns: int = 0
     """Run-queue wait of the role's processes (their main threads) over the interval."""
+    blocked: int = 0
+    """The role's processes found in uninterruptible sleep (state D) at the sample: one
+    sample a process an interval, as ``pids`` counts them (NOTE [blocked by role])."""
 
     def record(self, seconds: float) -> dict[str, Any]:
         io = self.io
@@ -96,6 +99,7 @@ class RoleTotals:
             "pids": self.pids,
             "cpu_pct": round(self.cpu_ticks / CLK_TCK / seconds * 100, 2) if seconds else 0.0,
             "run_delay_pct": round(self.run_delay_ns / 1e7 / seconds, 2) if seconds else 0.0,
+            "blocked": self.blocked,
             "read_bytes_s": round(io.read_bytes / seconds, 1) if seconds else 0.0,
             "write_bytes_s": round(io.write_bytes / seconds, 1) if seconds else 0.0,
             "rchar_s": round(io.rchar / seconds, 1) if seconds else 0.0,
@@ -380,6 +384,8 @@ class Recorder:
             seen[pid] = _ProcState(io, ticks, role, st.ppid, st.children_ticks,
                                    smp.run_delay_ns)
             states[st.state] = states.get(st.state, 0) + 1
+            if st.state == "D":
+                t.blocked += 1
         self._procs = seen
         if self.totals is not None:
             self.totals.add_roles({k: (v.pids, v.io, v.cpu_ticks) for k, v in totals.items()})
@@ -389,6 +395,7 @@ class Recorder:
             job.io = job.io + t.io
             job.cpu_ticks += t.cpu_ticks
             job.run_delay_ns += t.run_delay_ns
+            job.blocked += t.blocked
             job.io_readable &= t.io_readable
         rec = job.record(seconds)
         rec["states"] = states

@@ -53,7 +53,7 @@ ROLLUP_LEVELS = (10.0, 30.0, 100.0, 300.0, 1000.0)
 factor of at most 3.34 apart, so that the longest slot of twice the natural bucket or less
 is over 0.6 of it and a bucket is 1 or 2 slots, for runs of up to 170 days (a natural
 bucket of 1,500 s: 1000 s slots)."""
-ROLLUP_VERSION = 1
+ROLLUP_VERSION = 2
 
 
 def rollups_file(slot_s: float) -> str:
@@ -282,7 +282,7 @@ class Bucket:
                 for role, d in roles.items():
                     a = self.roles.get(role)
                     if a is None:
-                        a = self.roles[role] = [0.0] * 8
+                        a = self.roles[role] = [0.0] * 10
                         self.role_ext[role] = _Ext(len(_ROLE_EXT))
                     g = d.get
                     cpu = g("cpu_pct") or 0.0
@@ -297,6 +297,10 @@ class Bucket:
                     if pids > a[6]:
                         a[6] = pids
                     a[7] += (g("run_delay_pct") or 0.0) * s
+                    blocked = g("blocked")
+                    if blocked is not None:  # (records from before it was kept lack it)
+                        a[8] += g("samples") or pids  # (a bucket's own record has both)
+                        a[9] += blocked
                     ext = self.role_ext[role]
                     if cpu < ext.lo[0]:
                         ext.lo[0] = cpu
@@ -425,7 +429,7 @@ class Bucket:
             if role in self.roles:
                 mine = self.roles[role]
                 self.roles[role] = [x + y for x, y in zip(mine[:6], a[:6], strict=True)] + [
-                    max(mine[6], a[6]), mine[7] + a[7]]
+                    max(mine[6], a[6]), mine[7] + a[7], mine[8] + a[8], mine[9] + a[9]]
                 self.role_ext[role].merge(o.role_ext[role])
             else:
                 self.roles[role], self.role_ext[role] = a, o.role_ext[role]
@@ -500,7 +504,7 @@ class Bucket:
         b.dev = _rows(d["dev"], 14)
         b.dev_ext = _exts(d["dev_ext"], b.dev, len(_DEV_EXT))
         b.job = _nums(d["job"], 8)
-        b.roles = _rows(d["roles"], 8)
+        b.roles = _rows(d["roles"], 10)
         b.role_ext = _exts(d["role_ext"], b.roles, len(_ROLE_EXT))
         b.states = {_key(k): _count(v) for k, v in _obj(d["states"]).items()}
         b.cpu = _nums(d["cpu"], 6)
@@ -566,6 +570,8 @@ class Bucket:
                                       for i, k in enumerate(_ROLE_MEAN, 1)}
                 rd["pids"] = int(a[6])
                 rd["run_delay_pct"] = round(a[7] / rs, 2)
+                if a[8]:  # its process samples where the records kept them, and in state D
+                    rd["samples"], rd["blocked"] = int(a[8]), int(a[9])
                 rd["cache_hit"] = _hit(rd)
                 self.role_ext[role].put(rd, _ROLE_EXT_NAMES)
                 roles[role] = rd

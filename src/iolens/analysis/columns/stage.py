@@ -140,6 +140,13 @@ class StageColumns:
     d_states: tuple[int, ...]
     """The job's process samples in uninterruptible sleep (state D), and in any state."""
     all_states: tuple[int, ...]
+    main_samples: tuple[int, ...]
+    """The training process's and the workers' samples, and those in state D, where the
+    records kept them by role (0 samples where not: NOTE [blocked by role] in
+    iolens/analysis/verdict/figures.py)."""
+    main_blocked: tuple[int, ...]
+    worker_samples: tuple[int, ...]
+    worker_blocked: tuple[int, ...]
     iterable: tuple[bool, ...]
     """Whether the loop iterated a loader that is not a torch DataLoader."""
     has_workers: tuple[bool, ...]
@@ -247,12 +254,21 @@ def _row(rec: Any) -> tuple[Any, ...]:
         amount(c, "idle") + amount(c, "iowait") if cpu else None,
         _count(states, "D"),
         sum(_count(states, k) for k in states) if isinstance(states, dict) else 0,
+        _samples(main), _count(main, "blocked"), _samples(worker), _count(worker, "blocked"),
         t.get("iterable_loader") is True, bool(worker), isinstance(job, dict),
         bool(rec.get("gpu")) if isinstance(rec, dict) else False,
         tuple((amount(f, "server_read_bytes_s") + amount(f, "daemon_read_bytes_s")) * s
               for f in st.values()) if isinstance(st, dict) else (),
         amount(t, "waiting_s"), _waiting(t.get("waiting")),
     )
+
+
+def _samples(role: dict[str, Any]) -> int:
+    """A role's process samples where its record counts those in state D: one a process
+    in an interval's record (``pids``), summed in a long run's bucket (``samples``)."""
+    if "blocked" not in role:
+        return 0
+    return _count(role, "samples") or _count(role, "pids")
 
 
 def _waiting(procs: Any) -> tuple[tuple[bool, int, str, str], ...]:

@@ -58,6 +58,24 @@ def d_state_share(c: StageColumns, picks: Sequence[int]) -> float:
     total = sum(c.all_states[i] for i in picks)
     return sum(c.d_states[i] for i in picks) / total if total else 0.0
 
+def fetch_d_share(c: StageColumns, picks: Sequence[int], in_process: bool) -> float:
+    """Share of the fetching processes' samples in state D over the intervals ``picks``:
+    the training process's where it fetches, else the workers'; the job's processes'
+    (:func:`d_state_share`) where the records did not keep them by role.
+
+    NOTE [blocked by role]: the training process, while its workers fetch, sleeps in
+    state S on their queue. Counted in the job's share, it held a fetch blocked on a
+    throttle above the device under the rule's half: with 2 workers the share reaches 2/3
+    at most, and a run whose two workers were both on a core in 2 of its 12 intervals
+    read 18 of 37 (0.49) and was called loader-starved. The workers alone read D in most
+    of their samples there."""
+    samples, blocked = ((c.main_samples, c.main_blocked) if in_process
+                        else (c.worker_samples, c.worker_blocked))
+    total = sum(samples[i] for i in picks)
+    if not total:
+        return d_state_share(c, picks)
+    return sum(blocked[i] for i in picks) / total
+
 def ceiling_text(share: float) -> str:
     """What removing the data wait entirely would give."""
     if share >= 0.999:

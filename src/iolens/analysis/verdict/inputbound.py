@@ -15,6 +15,7 @@ from iolens.analysis.verdict.figures import (
     busiest_read,
     ceiling_text,
     d_state_share,
+    fetch_d_share,
     handover_share,
     input_windows,
     machine_idle,
@@ -116,7 +117,8 @@ def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
                           packed=packed_text(v, pipe),
                           **_served(span, load.name, v, covered, whole))
     elif (pipe is not None and blocked and not idle_workers
-          and waits_on_storage(pipe, span, v.storage, d_share)):
+          and waits_on_storage(pipe, span, v.storage,
+                               fetch_d_share(steps, picks, pipe.in_process))):
         storage_from_inside(v, pipe, span, share=share, when=when, ceiling=ceiling,
                              workers=workers)
     elif pipe is None and d_share >= rules.D_STATE_SHARE and job_read > 0:

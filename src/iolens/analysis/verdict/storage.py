@@ -245,8 +245,9 @@ def waits_on_storage(pipe: Pipeline, span: Span, storage: list[dict[str, Any]],
 
     It must read the dataset. On FUSE or NFS (the mount the most files were opened
     on) that is enough: those reads are what blocks. On a block device, the device
-    must be slow (r_await), busy (rules.BLOCKED_DEVICE_UTIL), or the job's processes
-    blocked on I/O (state D) in most samples, as under a throttle above the device; a
+    must be slow (r_await), busy (rules.BLOCKED_DEVICE_UTIL), or the fetching processes
+    blocked on I/O (state D) in most of their samples (``d_share``, NOTE [blocked by
+    role] in iolens/analysis/verdict/figures.py), as under a throttle above the device; a
     fetch that sleeps or waits on a lock or a remote call sits in state S beside a fast,
     idle device.
     """
