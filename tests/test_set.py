@@ -320,3 +320,26 @@ def test_a_do_not_advice_says_its_command_makes_the_change_it_advises_against() 
         page = render_html(report, [], plotlyjs="")
         assert page.count(f'<span class="try">{checked}: <code>') == 1
         assert page.count('<span class="try">with no code change: <code>') == 1
+
+
+def test_a_command_that_names_a_path_gone_since_says_so(tmp_path: Path) -> None:
+    """A `--set` line is copied and run as it is: where a path it names is gone (a dataset
+    deleted since, a demo's slow disk removed at its end), the text report says which,
+    and nothing where all of them are there."""
+    from iolens.report.text import render_text
+
+    fixture = Path(__file__).parent / "fixtures" / "runs" / "request-capped-disk.report.json"
+    report = json.loads(fixture.read_text())
+    gone, there = tmp_path / "mnt" / "data", tmp_path / "cgroup"
+    there.mkdir()
+    rec = {"action": "raise num_workers from 1 to 4", "because": "idle disk",
+           "expected_gain": "", "prediction": None, "change": {"num_workers": 4},
+           "try": f"iolens run --set num_workers=4 -- python train.py --data={gone} "
+                  f"--throttle {there}"}
+    report["verdict"]["recommendations"] = [rec]
+    text = " ".join(render_text(report, to_terminal=False).split())
+    assert f"(gone from this machine now: {gone}; the command needs it where it runs)" in text
+    assert f"{there};" not in text
+    gone.mkdir(parents=True)
+    text = " ".join(render_text(report, to_terminal=False).split())
+    assert "gone from this machine" not in text

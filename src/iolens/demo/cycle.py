@@ -167,6 +167,8 @@ def cycle(out: str, args: argparse.Namespace) -> int:
     if iolens("report", after, "--format", "html", "-o", html).returncode == 0:
         say(f"HTML report of the run after the fix: {html}")
     say(f"runs: {before} (files) and {after} (packed)")
+    say("the slow disk is removed: a command in their reports that names it (its mount "
+        "or its cgroup) needs a slow disk of its own to run again")
     return 0
 
 

@@ -13,7 +13,7 @@ import re
 import shlex
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich import box
@@ -384,6 +384,30 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         console.print(Text("with no code change", style="bold"))
         for i, cmd in tries:
             console.print(f"  {i}. {cmd}", soft_wrap=True, markup=False, highlight=False)
+        gone = missing_paths(cmd for _, cmd in tries)
+        if gone:
+            needs = "the command needs" if len(tries) == 1 else "the commands need"
+            console.print(f"  (gone from this machine now: {', '.join(gone)}; {needs} "
+                          f"{'it' if len(gone) == 1 else 'them'} where "
+                          f"{'it runs' if len(tries) == 1 else 'they run'})",
+                          soft_wrap=True, markup=False, highlight=False)
+
+
+def missing_paths(commands: Iterable[str]) -> list[str]:
+    """The absolute paths the commands name (an argument, or an option's ``=`` value) that
+    do not exist now, each once: a dataset deleted since, or a disk made for the run and
+    removed at its end, such as the demo's slow disk and its cgroup."""
+    out: list[str] = []
+    for cmd in commands:
+        try:
+            words = shlex.split(cmd)
+        except ValueError:  # (unbalanced quotes: a command the report did not write)
+            continue
+        for word in words:
+            path = word.split("=", 1)[1] if word.startswith("-") and "=" in word else word
+            if path.startswith("/") and path not in out and not os.path.exists(path):
+                out.append(path)
+    return out
 
 
 def _ranks_table(ranks: list[dict[str, Any]], title: str) -> RenderableType | None:
