@@ -508,6 +508,29 @@ def test_a_throttle_above_the_device_is_told_by_the_workers_state_not_the_jobs(
         assert any("wait on something else" in e for e in v.evidence), v.evidence
 
 
+@pytest.mark.parametrize(("cpu", "idle", "cls", "said"), [
+    (0.045, 0.0, "storage-bound", "their fetch off the CPU 54% of their busy time"),
+    (0.055, 0.0, "cpu-bound-input", "their fetch off the CPU 45% of their busy time"),
+    (0.002, 0.0, "storage-bound", None),  # off the CPU 98%: no doubt
+    (0.08, 0.0, "cpu-bound-input", None),  # 20%
+    (0.002, 0.09, "storage-bound", "the workers idle 47% of their time"),
+])
+def test_a_class_decided_near_a_half_of_the_workers_time_says_it_is_a_close_call(
+        cpu: float, idle: float, cls: str, said: str | None) -> None:
+    """NOTE [a close call]: with no device saturated, the workers' idle time and their
+    fetch's time off the CPU decide the class at a half each; within 10 points of the half
+    that decided, the caveat says so and names the class it gave."""
+    v = diagnose(piped(fetch=0.1, cpu=cpu, idle=idle), FUSE_META)
+    assert v.cls == cls, v.evidence
+    if said is None:
+        assert v.caveat is None, v.caveat
+    else:
+        assert v.caveat == f"a close call, {said}, near the 50% that divides " + (
+            "workers that keep up from busy ones" if "idle" in said
+            else "a fetch that waits from one that computes") + (
+            f": a run alike may be classed other than {cls}"), v.caveat
+
+
 def test_only_the_most_opened_mount_is_the_dataset() -> None:
     """An NFS home read once by a library does not make a local dataset remote."""
     meta = {"cpus": 8, "storage": [

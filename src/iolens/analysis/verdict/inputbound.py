@@ -267,9 +267,37 @@ def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
                 "host-to-GPU copies then overlap the step", "overlapped copies", None,
                 "the model does not time the host-to-GPU copy", {"pin_memory": True}))
         v.recommendations.append(tune(v))
+    if pipe is not None and best is None:
+        close_call(v, pipe, queued=queued)
     if window is not None:
         window.label = v.cls
         v.windows.append(window)
+
+
+def close_call(v: Verdict, pipe: Pipeline, *, queued: bool) -> None:
+    """NOTE [a close call]: where no device is saturated, the workers' own timing decides
+    the class, by two halves. Workers idle half their time or more keep up (handover-bound,
+    or loader-starved behind a slow batch); busy workers whose fetch is off the CPU half
+    their busy time or more wait (storage-bound, or loader-starved where the storage
+    answers fast), and less is a fetch that computes (cpu-bound-input). Runs alike fall
+    either side of a half: identical LMDB runs on this shared machine were classed
+    loader-starved and cpu-bound-input, with nothing to say the class was unstable.
+    Within rules.CLOSE_CALL of the half that decided, the caveat says so."""
+    idle, off = pipe.worker_idle_share, pipe.busy_blocked_share
+    notes = []
+    if not queued and idle is not None and abs(idle - rules.WORKERS_IDLE) < rules.CLOSE_CALL:
+        notes.append(f"the workers idle {idle * 100:.0f}% of their time, near the "
+                     f"{rules.WORKERS_IDLE * 100:.0f}% that divides workers that keep up "
+                     "from busy ones")
+    if ((queued or idle is None or idle < rules.WORKERS_IDLE) and off is not None
+            and abs(off - rules.FETCH_BLOCKED) < rules.CLOSE_CALL):
+        notes.append(f"their fetch off the CPU {off * 100:.0f}% of their busy time, near "
+                     f"the {rules.FETCH_BLOCKED * 100:.0f}% that divides a fetch that waits "
+                     "from one that computes")
+    if notes:
+        note = (f"a close call, {' and '.join(notes)}: a run alike may be classed other "
+                f"than {v.cls}")
+        v.caveat = f"{v.caveat}; {note}" if v.caveat else note
 
 
 def _served(span: Span, device: str, v: Verdict, covered: set[int],
