@@ -445,3 +445,7 @@ def test_a_memmapped_dataset_is_found_from_the_mapping(tmp_path: Path) -> None:
     assert out.returncode == 0 and "done" in out.stdout, out.stderr
     meta = json.loads((run / "meta.json").read_text())
     assert any(str(data) in s["folders"] for s in meta["storage"]), meta["storage"]
+    # opened in the dataset's __init__ and read through the map: mapped all the same
+    # (NOTE [opened and mapped] in iolens/recorder/storage.py)
+    entry = next(s for s in meta["storage"] if str(data) in s["folders"])
+    assert entry["opens"] >= 1 and entry.get("mapped") is True, entry

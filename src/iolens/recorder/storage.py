@@ -82,9 +82,13 @@ class Served:
     one large file (LMDB, HDF5, Arrow, tar shards) is not packed again."""
     _opens: dict[tuple[int, str], int] = field(default_factory=dict)
     """(pid, folder) -> the most opens that process reported there (0: mapped files)."""
+    maps: bool = False
+    """Whether a process of the job mapped a data file there (NOTE [opened and mapped])."""
 
     def count(self, pid: int, folder: str, opens: int) -> None:
         key = (pid, folder)
+        if opens == 0:
+            self.maps = True
         if opens > self._opens.get(key, -1):
             self._opens[key] = opens
 
@@ -106,8 +110,14 @@ class Served:
         out["opens"] = self.opens
         if self.largest:
             out["largest_file"] = self.largest
-        if self._opens and not self.opens:
-            out["mapped"] = True  # found in the memory maps (numpy.memmap), not opened
+        if self.maps:
+            # NOTE [opened and mapped]: found in the memory maps. numpy.memmap and LMDB
+            # open their file (numpy in the dataset's __init__, before the workers fork)
+            # and read it through the map: the opens do not make it a file read with
+            # read(). Marked only where nothing was opened, a 200 MB memmap opened at
+            # init was told "it reads no dataset file while it waits": its page faults
+            # were not counted as the dataset's.
+            out["mapped"] = True
         if self.kind == "fuse":
             out["subtype"] = fuse.fuse_subtype(self.fstype)
             out["connection"] = self.connection
