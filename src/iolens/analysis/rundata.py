@@ -33,7 +33,7 @@ from iolens.analysis.longrun import (
 )
 from iolens.analysis.recordshape import ShapeCheck, Skipped
 from iolens.rundir import META, RECORDS, SCHEMA_VERSION, STORAGE_PROBE
-from iolens.rundir.rollup import read_rollups
+from iolens.rundir.rollup import read_rollups, rollups_file
 
 
 @dataclass
@@ -216,8 +216,11 @@ def _load_long(path: str, rec_path: str, meta: dict[str, Any], notes: list[str],
         had = rolled.to if rolled is not None else 0
         if rb.worth_rebuilding(rec_path, had):
             if callable(rebuild):
-                rebuild(f"its rollups are {'stale' if rolled else 'missing'}: folding its "
-                        f"records (about {estimate:,}) into new ones, once")
+                there = os.path.exists(os.path.join(path, rollups_file(slot_s)))
+                why = ("stale" if rolled else "of another iolens or damaged" if there
+                       else "missing")
+                rebuild(f"its rollups are {why}: folding its records (about {estimate:,}) "
+                        "into new ones, once")
             try:
                 rebuilt = rb.rebuild_rollups(rec_path, slot_s)
             except (OSError, RuntimeError, ValueError) as exc:  # (a pool that broke)
