@@ -358,7 +358,7 @@ def main() -> int:
         wall = walls[len(walls) // 2]
         rss = max(r[2] for r in got)
         out_size = got[-1][3]
-        span = f"{walls[0]:.1f}" + (f"-{walls[-1]:.1f}" if len(walls) > 1 else "")
+        span = _secs(walls[0]) + (f"-{_secs(walls[-1])}" if len(walls) > 1 else "")
         if fmt == "parse floor":
             goal, met = "-", ""
         elif fmt == "html":
@@ -388,6 +388,12 @@ def main() -> int:
         with open(args.out, "a") as fh:
             fh.write(text)
     return 0 if all(r[0] == 0 for got in runs.values() for r in got) else 1
+
+
+def _secs(x: float) -> str:
+    """Seconds to a hundredth below 10 s (the week's report is read against 1 s), else to a
+    tenth."""
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
 
 
 if __name__ == "__main__":
