@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -607,8 +608,12 @@ def test_iolens_report_writes_the_rollups_a_finished_long_run_lacks(tmp_path: Pa
     assert first == kept
     second, said = report()
     assert second == first and "rollups" not in said, said
-    for path in run.glob("rollups-*.jsonl"):  # as an older iolens wrote them
-        path.write_bytes(path.read_bytes().replace(b'{"rollup":2,', b'{"rollup":1,'))
+    for path in run.glob("rollups-*.jsonl"):  # as an older iolens wrote them, whole
+        lines = []
+        for line in path.read_bytes().splitlines():
+            body = line[:line.rindex(b',"check":')].replace(b'{"rollup":2,', b'{"rollup":1,')
+            lines.append(body + b',"check":%d}\n' % zlib.crc32(body))
+        path.write_bytes(b"".join(lines))
     third, said = report()
     assert "its rollups are of another iolens or damaged: folding its records" in said, said
     assert third == first

@@ -324,22 +324,32 @@ def test_a_do_not_advice_says_its_command_makes_the_change_it_advises_against() 
 
 def test_a_command_that_names_a_path_gone_since_says_so(tmp_path: Path) -> None:
     """A `--set` line is copied and run as it is: where a path it names is gone (a dataset
-    deleted since, a demo's slow disk removed at its end), the text report says which,
-    and nothing where all of them are there."""
+    deleted since, a demo's slow disk and its cgroup removed at its end), the text report
+    says which, and nothing where all of them are there. Only the run's dataset folders
+    (one of them, in one or above one) and cgroups are looked at: not an output the
+    command makes, a pattern or a list, nor a FUSE mount (a stat may hang there)."""
     from iolens.report.text import render_text
 
     fixture = Path(__file__).parent / "fixtures" / "runs" / "request-capped-disk.report.json"
     report = json.loads(fixture.read_text())
-    gone, there = tmp_path / "mnt" / "data", tmp_path / "cgroup"
+    gone, there = tmp_path / "mnt" / "data", tmp_path / "kept"
     there.mkdir()
+    cgroup = f"/sys/fs/cgroup/blkio/iolens-test-gone-{os.getpid()}"
+    report["storage"] = [
+        {"mount": str(tmp_path), "kind": "block", "folders": [str(gone / "class0"), str(there)]},
+        {"mount": "/mnt/bucket", "kind": "fuse", "folders": [str(tmp_path / "bucket")]}]
     rec = {"action": "raise num_workers from 1 to 4", "because": "idle disk",
            "expected_gain": "", "prediction": None, "change": {"num_workers": 4},
            "try": f"iolens run --set num_workers=4 -- python train.py --data={gone} "
-                  f"--throttle {there}"}
+                  f"--also {there} --bucket {tmp_path / 'bucket'} --out {tmp_path / 'out'} "
+                  f"--shards '{gone}/shard-{{000..9}}.tar' --throttle {cgroup}"}
     report["verdict"]["recommendations"] = [rec]
     text = " ".join(render_text(report, to_terminal=False).split())
-    assert f"(gone from this machine now: {gone}; the command needs it where it runs)" in text
-    assert f"{there};" not in text
+    assert (f"(gone from this machine now: {gone}, {cgroup}; the command needs them where "
+            "it runs)") in text, text
     gone.mkdir(parents=True)
     text = " ".join(render_text(report, to_terminal=False).split())
-    assert "gone from this machine" not in text
+    assert f"(gone from this machine now: {cgroup}; the command needs it where it runs)" in text
+    report["storage"], rec["try"] = [], f"iolens run -- python train.py --data {gone}"
+    gone.rmdir()  # (not a folder of the run's dataset: left alone)
+    assert "gone from this machine" not in render_text(report, to_terminal=False)

@@ -752,6 +752,18 @@ def test_a_run_that_ends_waiting_for_a_batch_is_hung() -> None:
     assert diagnose(records, META).cls != "hung"
 
 
+def test_a_close_call_is_not_told_of_a_run_classed_hung_after() -> None:
+    """NOTE [a close call]: the caveat names the class the workers' timing gave; a run that
+    then hung for longer than it trained is classed hung, and the caveat is not kept."""
+    records = piped(5, fetch=0.1, cpu=0.045) + [rec(i, batches=0) for i in range(5, 50)]
+    v = diagnose(records, FUSE_META)
+    assert v.cls == "storage-bound" and (v.caveat or "").startswith("a close call"), v.caveat
+    for i, r in enumerate(records[35:]):
+        r["train"]["waiting_s"] = 30.0 + i
+    v = diagnose(records, FUSE_META)
+    assert v.cls == "hung" and v.caveat is None, (v.cls, v.caveat)
+
+
 # -- an autotuned run: judged since its settings last changed ------------------------------
 
 def test_an_autotuned_run_is_judged_on_its_view_since_the_settings_changed() -> None:

@@ -262,8 +262,9 @@ divided by."""
 
 
 def dataset_mapped(meta: dict[str, Any]) -> bool:
-    """Whether the dataset's storage (meta.json's first ``storage`` entry) was found only in
-    the job's memory maps."""
+    """Whether a process of the job mapped a data file on the dataset's storage (meta.json's
+    first ``storage`` entry), opened first or not (NOTE [opened and mapped] in
+    iolens/recorder/storage.py)."""
     st = meta.get("storage")
     top = st[0] if isinstance(st, list) and st and isinstance(st[0], dict) else {}
     return top.get("mapped") is True

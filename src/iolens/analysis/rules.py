@@ -128,9 +128,10 @@ FETCH_BLOCKED = 0.5
 """A fetch that spends more than half its wall time off the CPU is waiting on something
 (the storage, the network, a lock, a sleep): more CPU does not speed it up."""
 CLOSE_CALL = 0.1
-"""A fetch off the CPU within 10 points of FETCH_BLOCKED (40-60% of the workers' busy time)
-is a close call, and the verdict's caveat says so (NOTE [a close call] in
-iolens/analysis/verdict/inputbound.py)."""
+"""Workers idle within 10 points of WORKERS_IDLE (40-60% of their time), or a fetch off the
+CPU within 10 points of FETCH_BLOCKED (40-60% of the workers' busy time), where that half
+decided the class, is a close call, and the verdict's caveat says so (NOTE [a close call]
+in iolens/analysis/verdict/inputbound.py)."""
 FETCH_CPU = 0.5
 """A fetch that spends half its time or more on the CPU is decode and augmentation:
 cheaper transforms or more cores help, faster storage does not."""

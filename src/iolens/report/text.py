@@ -384,7 +384,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         console.print(Text("with no code change", style="bold"))
         for i, cmd in tries:
             console.print(f"  {i}. {cmd}", soft_wrap=True, markup=False, highlight=False)
-        gone = missing_paths(cmd for _, cmd in tries)
+        gone = missing_paths((cmd for _, cmd in tries), local_folders(report))
         if gone:
             needs = "the command needs" if len(tries) == 1 else "the commands need"
             console.print(f"  (gone from this machine now: {', '.join(gone)}; {needs} "
@@ -393,10 +393,25 @@ def print_report(report: dict[str, Any], console: Console) -> None:
                           soft_wrap=True, markup=False, highlight=False)
 
 
-def missing_paths(commands: Iterable[str]) -> list[str]:
-    """The absolute paths the commands name (an argument, or an option's ``=`` value) that
-    do not exist now, each once: a dataset deleted since, or a disk made for the run and
-    removed at its end, such as the demo's slow disk and its cgroup."""
+CGROUPS = "/sys/fs/cgroup/"
+
+
+def local_folders(report: dict[str, Any]) -> list[str]:
+    """The folders the run read its dataset in, on storage a stat answers at once (not a
+    FUSE, NFS or network store, whose mount may hang a stat once its server is gone)."""
+    out: list[str] = []
+    for entry in report.get("storage") or []:
+        if isinstance(entry, dict) and entry.get("kind") not in ("fuse", "nfs", "network"):
+            out += [f for f in entry.get("folders") or [] if isinstance(f, str)]
+    return out
+
+
+def missing_paths(commands: Iterable[str], folders: Sequence[str]) -> list[str]:
+    """The paths the commands name (an argument, or an option's ``=`` value) that do not
+    exist now, each once: among the run's dataset ``folders`` (one of them, in one or
+    above one) and cgroups, such as the demo's slow disk and its cgroup, removed at the
+    demo's end. Other paths are left alone: an output the command makes, a pattern
+    (``shard-{000..146}.tar``), a list."""
     out: list[str] = []
     for cmd in commands:
         try:
@@ -405,9 +420,21 @@ def missing_paths(commands: Iterable[str]) -> list[str]:
             continue
         for word in words:
             path = word.split("=", 1)[1] if word.startswith("-") and "=" in word else word
-            if path.startswith("/") and path not in out and not os.path.exists(path):
+            if (not path.startswith("/") or path in out or any(c in path for c in "{}*?[],")
+                    or not _the_runs(os.path.normpath(path), folders)):
+                continue
+            if not os.path.exists(path):
                 out.append(path)
     return out
+
+
+def _the_runs(path: str, folders: Sequence[str]) -> bool:
+    """Whether ``path`` (normalized) is a cgroup, or one of ``folders``, in one or above
+    one."""
+    if path.startswith(CGROUPS):
+        return True
+    return any(f == path or f.startswith(path + "/") or path.startswith(f + "/")
+               for f in folders)
 
 
 def _ranks_table(ranks: list[dict[str, Any]], title: str) -> RenderableType | None:

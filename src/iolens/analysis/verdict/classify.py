@@ -68,13 +68,14 @@ def diagnose(run: RunView | Sequence[dict[str, Any]],
                   workers=pm.declared_workers(columns) or None)
     v.model = model if model.whole is not None else None
     stall = write_stall(cols, share)
+    close = None
     if stall is not None:
         v.cls, v.devices, v.evidence, v.recommendations, v.windows = stall
     elif share < rules.MODERATE:
         _compute_bound(v, cols)
         epoch_starts_first(v, steps)
     else:
-        input_bound(v, meta, cols)
+        close = input_bound(v, meta, cols)
         epoch_starts_first(v, steps)
         nothing_to_gain(v)
     if batches < rules.MIN_BATCHES:
@@ -90,6 +91,9 @@ def diagnose(run: RunView | Sequence[dict[str, Any]],
         # (advice from a handful of batches before the hang would only distract)
         v.recommendations = hang.recommendations + (
             v.recommendations if batches >= rules.MIN_BATCHES else [])
+        close = None  # (of the class it no longer has)
+    if close is not None:
+        v.caveat = f"{v.caveat}; {close}" if v.caveat else close
     if tuned is not None:
         v.evidence.append(tuned)
     _not_what_failed(v, meta)

@@ -44,9 +44,10 @@ from iolens.analysis.verdict.workers import (
 from iolens.core.words import plural
 
 
-def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
+def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> str | None:
     """The input-bound classes. ``cols``: the run's columns (NOTE [columns] in
-    iolens/analysis/columns/__init__.py)."""
+    iolens/analysis/columns/__init__.py). Returns the words of a close call (NOTE [a close
+    call]), for the caveat where the class stands."""
     steps = cols.steps
     share = v.data_wait_share or 0.0
     picks = input_windows(steps)
@@ -267,14 +268,13 @@ def input_bound(v: Verdict, meta: dict[str, Any], cols: RunColumns) -> None:
                 "host-to-GPU copies then overlap the step", "overlapped copies", None,
                 "the model does not time the host-to-GPU copy", {"pin_memory": True}))
         v.recommendations.append(tune(v))
-    if pipe is not None and best is None:
-        close_call(v, pipe, queued=queued)
     if window is not None:
         window.label = v.cls
         v.windows.append(window)
+    return close_call(v, pipe, queued=queued) if pipe is not None and best is None else None
 
 
-def close_call(v: Verdict, pipe: Pipeline, *, queued: bool) -> None:
+def close_call(v: Verdict, pipe: Pipeline, *, queued: bool) -> str | None:
     """NOTE [a close call]: where no device is saturated, the workers' own timing decides
     the class, by two halves. Workers idle half their time or more keep up (handover-bound,
     or loader-starved behind a slow batch); busy workers whose fetch is off the CPU half
@@ -282,7 +282,8 @@ def close_call(v: Verdict, pipe: Pipeline, *, queued: bool) -> None:
     answers fast), and less is a fetch that computes (cpu-bound-input). Runs alike fall
     either side of a half: identical LMDB runs on this shared machine were classed
     loader-starved and cpu-bound-input, with nothing to say the class was unstable.
-    Within rules.CLOSE_CALL of the half that decided, the caveat says so."""
+    Within rules.CLOSE_CALL of the half that decided, the caveat says so (these words,
+    unless the run is classed otherwise after: one that hung longer than it trained)."""
     idle, off = pipe.worker_idle_share, pipe.busy_blocked_share
     notes = []
     if not queued and idle is not None and abs(idle - rules.WORKERS_IDLE) < rules.CLOSE_CALL:
@@ -294,10 +295,10 @@ def close_call(v: Verdict, pipe: Pipeline, *, queued: bool) -> None:
         notes.append(f"their fetch off the CPU {off * 100:.0f}% of their busy time, near "
                      f"the {rules.FETCH_BLOCKED * 100:.0f}% that divides a fetch that waits "
                      "from one that computes")
-    if notes:
-        note = (f"a close call, {' and '.join(notes)}: a run alike may be classed other "
-                f"than {v.cls}")
-        v.caveat = f"{v.caveat}; {note}" if v.caveat else note
+    if not notes:
+        return None
+    return (f"a close call, {' and '.join(notes)}: a run alike may be classed other than "
+            f"{v.cls}")
 
 
 def _served(span: Span, device: str, v: Verdict, covered: set[int],
