@@ -81,6 +81,9 @@ def test_real_training_is_timed_without_code_change(tmp_path: Path, script: Path
         assert r["mem"]["cached_bytes"] > 0
         for role in r["job"]["roles"].values():
             assert role["cache_hit"] is None or 0.0 <= role["cache_hit"] <= 1.0
+            # processes in state D by role, at most one sample each (NOTE [blocked by role])
+            assert 0 <= role["blocked"] <= role["pids"], role
+        assert "blocked" not in r["job"]  # (the job's: states["D"])
     meta = json.loads((run / "meta.json").read_text())
     assert meta["exit_code"] == 0 and meta["command"][-2:] == [str(script), "2"]
     assert meta["timing"][0]["installed"] is True

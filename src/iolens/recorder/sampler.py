@@ -395,9 +395,9 @@ class Recorder:
             job.io = job.io + t.io
             job.cpu_ticks += t.cpu_ticks
             job.run_delay_ns += t.run_delay_ns
-            job.blocked += t.blocked
             job.io_readable &= t.io_readable
         rec = job.record(seconds)
+        del rec["blocked"]  # (the job's are states["D"]: kept by role only)
         rec["states"] = states
         rec["roles"] = {k: v.record(seconds) for k, v in totals.items() if v.pids}
         if not self.discover:
