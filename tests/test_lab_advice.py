@@ -151,7 +151,8 @@ def proved(tmp_path: Path, rec: dict[str, Any], first: float,
 
 def held(rec: dict[str, Any], after: list[float], predicted: float | None = None) -> None:
     """The mean of the runs ``after`` the fix within TOLERANCE of the prediction (``rec``'s,
-    or ``predicted`` where several runs before the fix each made one)."""
+    or ``predicted`` where several runs before the fix each made one, or where the proofs
+    of the runs after give it for their own cores)."""
     p = rec["prediction"]
     want = p["steps_per_s"] if predicted is None else predicted
     mean = statistics.fmean(after)

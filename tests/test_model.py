@@ -522,6 +522,33 @@ def test_a_cheaper_transform_is_held_against_the_model_of_the_cut_made() -> None
     assert action.endswith("(not as advised)") and "num_workers 2 to 9" in action
 
 
+def test_the_proof_counts_the_cores_the_run_after_had() -> None:
+    """NOTE [the cores the run after had]: no workers, the loop keeping one core of 2 busy
+    while others took 0.4 of a core; 2 workers would need both. The proof of a run after
+    whose job had all 2 cores is BEFORE's model with 2 cores, and says so; cores that moved
+    by less are BEFORE's own."""
+    from iolens.analysis import proof
+    from iolens.analysis.verdict import Verdict
+
+    recs = [interval(i, step=0.050, wait=0.030, fetch=0.0018, cpu=0.0018, workers=0,
+                     in_process=True) for i in range(20)]
+    for r in recs:
+        r["job"] = {"cpu_pct": 100.0, "roles": {"main": {"cpu_pct": 100.0}}}
+        r["cpu"] = {"idle": 30.0, "iowait": 0.0}  # 140% busy: 40% of a core others'
+    model = Model(recs, cpus=2)
+    assert model.whole is not None and model.whole.cores == pytest.approx(1.6)
+    before = Verdict("cpu-bound-input", "high", 0.7, model=model)
+    own, _ = proof._remodelled(before, {"num_workers": 2})
+    freed, _ = proof._remodelled(before, {"num_workers": 2}, cores=2.0)
+    assert own is not None and freed is not None and own.limit == "cpu"
+    assert freed.steps_per_s == pytest.approx(own.steps_per_s * 2.0 / 1.6, rel=0.01)
+    assert any("2.0 cores as measured after (1.6 before" in b for b in freed.basis), freed
+    assert any("of the job's 2.0 cores" in b for b in freed.basis), freed.basis
+    near, _ = proof._remodelled(before, {"num_workers": 2}, cores=1.62)
+    assert near is not None and near.steps_per_s == own.steps_per_s
+    assert not any("as measured after" in b for b in near.basis), near.basis
+
+
 def test_compare_frees_the_workers_cpu_only_where_the_batches_hold_fewer_tensors() -> None:
     """NOTE [a hand-over's CPU]: `iolens compare` cuts the workers' CPU with the hand-over
     only where both runs recorded their batches' tensors and AFTER's hold fewer."""
@@ -582,9 +609,9 @@ def test_workers_added_on_busy_cores_cost_the_step_and_widen_the_low_end() -> No
     assert cpu == pytest.approx(2 / (after.main_cpu_s + after.loader_cpu_s), rel=1e-3)
     p = m.predict(pm.more_workers(2))
     assert p is not None and p.limit == "cpu"
-    # halfway between the cores' own figure and the loss, the interval spanning both
-    fluid = p.steps_per_s / (1 - pm.CORES_TOGETHER_LOSS / 2)
-    assert fluid == pytest.approx(f.steps_per_s * cpu / rate(f).steps_per_s, rel=1e-6)
+    # the cores' own figure, the interval spanning the loss below it
+    fluid = f.steps_per_s * cpu / rate(f).steps_per_s
+    assert p.steps_per_s == pytest.approx(fluid, rel=1e-6)
     assert p.low <= fluid * (1 - pm.CORES_TOGETHER_LOSS) + 1e-9 and p.high >= fluid
     assert "cores busy" in p.basis[-1]
     # one worker, its fetch mostly off the CPU: a core stays free, no such term

@@ -218,12 +218,6 @@ class Model:
         low, high = point * max(0.0, 1 - lo), point * (1 + hi)
         if shared is not None:
             low = point * max(0.0, 1 - math.hypot(lo, CORES_TOGETHER_LOSS))
-            if self.whole.workers == 0 and change(self.whole).workers > 0:
-                # from none, what workers cost is the priors' (NOTE [workers share the
-                # cores]): the figure goes halfway
-                point *= 1 - CORES_TOGETHER_LOSS / 2
-                shared += (f"; from no workers the figure is {CORES_TOGETHER_LOSS * 50:.0f}% "
-                           "below the cores' own")
             how += "; " + shared
         kept = [_pauses_text(self.whole)] if self.whole.pause_s else []
         return Prediction(point, low, high, after.limit,
@@ -233,13 +227,14 @@ class Model:
         """Where the change keeps more cores busy than the run did, and most of the job's
         cores: the words for it (NOTE [workers share the cores]), else None."""
         f = self.whole
-        if f is None or f.cores is None:
+        cores = after.cores
+        if f is None or cores is None:
             return None
         now = f.steps_per_s * (f.main_cpu_s + f.loader_cpu_s)
         then = point * (after.main_cpu_s + after.loader_cpu_s)
-        if then < now + 0.5 or then < 0.75 * f.cores:
+        if then < now + 0.5 or then < 0.75 * cores:
             return None
-        return (f"the loop and the workers would keep {then:.1f} of the job's {f.cores:.1f} "
+        return (f"the loop and the workers would keep {then:.1f} of the job's {cores:.1f} "
                 f"cores busy ({now:.1f} now): the workers' CPU comes from the step's cores, "
                 f"and cores busy together did 0-{CORES_TOGETHER_LOSS * 100:.0f}% less each "
                 "in the lab, which the interval spans")
