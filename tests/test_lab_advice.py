@@ -315,7 +315,8 @@ def test_idle_workers_behind_the_hand_over_get_the_hand_over_advice(tmp_path: Pa
     87-105 steps/s before, 289-294 predicted, 242-267 measured (-16% to -9%; the
     hand-over 7.6 ms, then 1.05-1.37), with 1.11 ms predicted for the 4 MiB tensor's
     hand-over; at 1.05 (its bytes free up to 2 MiB), bench/RESULTS.md's table of
-    2026-12-05 10:03 has 301.9 predicted and 291.9-294.2 measured."""
+    2026-12-05 10:03 had 301.9 predicted and 291.9-294.2 measured, the one of 22:01 303.4
+    and 285.4-288.8."""
     report, _ = run_case(tmp_path, TRAIN, "handover", SECONDS, "2", "0")
     v, pipe = report["verdict"], report["pipeline"]
     assert v["class"] == "handover-bound", v
