@@ -24,7 +24,7 @@ CORES_TOGETHER_LOSS = 0.20
 """Cores kept busy together did up to this much less work each than one busy alone, in the
 lab (NOTE [workers share the cores]): none in arithmetic on the CPU, this much in JPEG
 decoding. A prediction that keeps more cores busy than the run did has an interval that
-spans both; one that adds workers to a run without any is put halfway."""
+spans both, its figure the cores' own."""
 
 
 Change = Callable[[Figures], Figures]
