@@ -63,6 +63,28 @@ def test_json_report_has_the_documented_fields(tmp_path: Path) -> None:
     assert r["run"]["command"] == ["python", "train.py"] and r["run"]["intervals"] == 40
 
 
+def test_the_json_is_the_standard_encoders_text(tmp_path: Path) -> None:
+    """NOTE [report JSON]: `iolens report --format json` writes the text the standard
+    encoder writes, indented by 2 and ASCII only (a run directory and a command with
+    characters beyond ASCII: escaped as it escapes them), and a figure that is not finite
+    as null."""
+    from iolens.cli._batch import json_text
+
+    run = slow_run(tmp_path / "ünï 🚀")
+    meta = {**META, "command": ["python", "trâin.py", "--tag", "🚀"]}
+    (run / "meta.json").write_text(json.dumps(meta))
+    out = iolens("report", str(run), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.isascii() and "\\ud83d\\ude80" in out.stdout
+    report = json.loads(out.stdout)
+    assert report["run"]["command"][1:] == ["trâin.py", "--tag", "🚀"]
+    assert out.stdout == json.dumps(report, indent=2) + "\n"
+    odd = {"a": [1.5, float("nan"), float("inf")], 3: {"µs": 1e-07}, "big": 2**70}
+    assert json.loads(json_text(odd)) == {"a": [1.5, None, None], "3": {"µs": 1e-07},
+                                          "big": 2**70}
+    assert json.loads(json_text({"a": float("nan")})) == {"a": None}
+
+
 def test_the_gpu_and_cpu_tables_average_the_intervals_that_have_them(tmp_path: Path) -> None:
     """Each GPU's %util is its mean over the intervals NVML answered (an entry without it,
     NVML failing, is left out), its memory the most seen; the CPU shares are means over the

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
 from iolens._errors import IolensError
-from iolens.cli._batch import no_cycle_collection, read_run
+from iolens.cli._batch import json_text, no_cycle_collection, read_run
 
 if TYPE_CHECKING:
     from iolens.analysis.rundata import RunData
@@ -132,7 +131,7 @@ def run(ns: argparse.Namespace) -> int:
     if failed is not None:
         obj["new_failed"] = failed
     if ns.format == "json":
-        text = json.dumps(obj, indent=2, allow_nan=False) + "\n"
+        text = json_text(obj)
     else:
         # Paths and notes come from the runs: no control character reaches the terminal.
         from iolens.report.text import printable  # noqa: PLC0415 - rich only for text

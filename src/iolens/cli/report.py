@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import stat
 import sys
 from typing import Any
 
 from iolens._errors import IolensError
-from iolens.cli._batch import no_cycle_collection, read_run
+from iolens.cli._batch import json_text, no_cycle_collection, read_run
 from iolens.rundir import write_atomic
 
 _EPILOG = """\
@@ -113,7 +112,7 @@ def _report(ns: argparse.Namespace, plotlyjs: str | None) -> int:
     output = ns.output
     default_output = False
     if ns.format == "json":
-        text = json.dumps(report, indent=2, allow_nan=False) + "\n"
+        text = json_text(report)
     elif ns.format == "html":
         from iolens.report.html import render_html  # noqa: PLC0415
 
@@ -154,7 +153,7 @@ def _run_multi(ns: argparse.Namespace, build: Any) -> int:
         print(f"iolens report: {exc}", file=sys.stderr)
         return 2
     if ns.format == "json":
-        text = json.dumps(report, indent=2, allow_nan=False) + "\n"
+        text = json_text(report)
     else:
         from iolens.report.text import render_text  # noqa: PLC0415 - rich for text only
 
