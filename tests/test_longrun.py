@@ -348,6 +348,72 @@ def test_a_bucket_read_back_from_its_rollup_line_is_the_bucket_written(
         assert any(b.gpu and b.store and b.ranks and b.pipe[0] for _, b in rolled.slots)
 
 
+def test_a_slot_read_as_its_record_is_its_bucket_as_a_record(tmp_path: Path) -> None:
+    """NOTE [a slot's record]: each rollup line holds its bucket's record beside its state;
+    read as records, every line of every slot length gives the record its state makes,
+    and its state's JSON reads back as the bucket."""
+    from iolens.rundir.rollup import ROLLUP_LEVELS, loads, read_rollups
+
+    run = recorded(tmp_path / "run", varied_run(700))
+    for slot_s in ROLLUP_LEVELS:
+        states = read_rollups(str(run), str(run / "records.jsonl"), slot_s)
+        made = read_rollups(str(run), str(run / "records.jsonl"), slot_s, made=True)
+        assert states is not None and made is not None and not made.slots
+        assert (made.to, made.records, made.seq) == (states.to, states.records, states.seq)
+        assert [slot for slot, _, _ in made.made] == [slot for slot, _ in states.slots]
+        for (_, got, state), (_, b) in zip(made.made, states.slots, strict=True):
+            assert got == b.record()
+            assert Bucket.from_state(loads()(state)).record() == got
+
+
+def test_only_the_first_slots_lines_hold_their_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [a slot's record]: the lines past MADE_SLOTS hold the state alone, and read as
+    records they are made records from it; a report's buckets are one slot each only
+    where the run spans at most TARGET_BUCKETS slots, which the records cover."""
+    from iolens.rundir import rollup as rollup_mod
+
+    assert longrun.TARGET_BUCKETS <= rollup_mod.MADE_SLOTS
+    monkeypatch.setattr(rollup_mod, "MADE_SLOTS", 20)
+    run = recorded(tmp_path / "run", varied_run(700))
+    lines = (run / "rollups-10s.jsonl").read_bytes().splitlines()
+    assert [b',"record":{' in line for line in lines] == [k < 20 for k in range(len(lines))]
+    states = rollup_mod.read_rollups(str(run), str(run / "records.jsonl"), 10.0)
+    made = rollup_mod.read_rollups(str(run), str(run / "records.jsonl"), 10.0, made=True)
+    assert states is not None and made is not None and len(made.made) == len(lines) == 71
+    assert [rec for _, rec, _ in made.made] == [b.record() for _, b in states.slots]
+
+
+def test_records_past_the_rollups_in_their_last_slot_are_merged_with_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run recorded again into the same directory (the recorder appends, and writes no
+    rollups for what it appends): its first records past the rollups fall in the last slot
+    they hold, which is then merged from its state; every other bucket is its record."""
+    from iolens.rundir import RunDir
+    from iolens.rundir import rollup as rollup_mod
+
+    records = varied_run(2000)
+    run = recorded(tmp_path / "run", records[:1990])  # the last line: 1980-1989 s
+    again = RunDir(str(run))
+    for r in records[1990:]:
+        assert again.append(r)
+    again.close()
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 67)  # natural 30 s: one 30 s slot each
+    states = 0
+    from_state = rollup_mod.Bucket.from_state
+
+    def counted(cls: type[Bucket], d: Any) -> Bucket:
+        nonlocal states
+        states += 1
+        return from_state(d)
+
+    monkeypatch.setattr(rollup_mod.Bucket, "from_state", classmethod(counted))
+    long = load_run(str(run), max_records=500)
+    assert long.bucket_s == 30.0 and len(long.records) == 67 and states == 1
+    assert long.records[-1]["merged"] == 21  # 1980-2000 s: 10 from the rollups, 11 after
+    same_run(long, load_run(str(without_rollups(run, tmp_path / "plain")), max_records=500))
+
+
 def test_a_buckets_processes_in_state_d_are_its_records_by_role(tmp_path: Path) -> None:
     """NOTE [blocked by role]: a bucket sums its intervals' process samples and those in
     state D, by role, over the records that kept them only (the first 150 did not), so
@@ -369,21 +435,24 @@ def test_a_buckets_processes_in_state_d_are_its_records_by_role(tmp_path: Path) 
         assert "blocked" not in first  # none of its intervals kept it: not a 0
 
 
+@pytest.mark.parametrize("target", [60, 67], ids=["two-slots-a-bucket", "one-slot-a-bucket"])
 def test_rollups_that_do_not_match_the_records_are_used_as_far_as_they_do(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: int) -> None:
     """A run still recording, a damaged rollup line, the recorder's rollups stopped by a
     failed write, records.jsonl cut short or its last line changed: each long run reads as
-    its records say, the rollups used up to where they match them and no further."""
+    its records say, the rollups used up to where they match them and no further, whether
+    its buckets are merged from the slots' states (60 s buckets of 30 s slots) or read as
+    the slots' records (30 s buckets: NOTE [a slot's record])."""
     from iolens.rundir.rollup import read_rollups
 
-    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 60)
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", target)
     records = varied_run(2000)
     k = 0
 
     def check(run: Path, used: int | None) -> None:
         nonlocal k
         k += 1
-        rolled = read_rollups(str(run), str(run / "records.jsonl"), 30.0)  # (60 s buckets)
+        rolled = read_rollups(str(run), str(run / "records.jsonl"), 30.0, made=target == 67)
         assert (rolled.records if rolled else None) == used, run.name
         plain = without_rollups(run, tmp_path / f"plain{k}")
         same_run(load_run(str(run), max_records=500), load_run(str(plain), max_records=500))
@@ -608,10 +677,14 @@ def test_iolens_report_writes_the_rollups_a_finished_long_run_lacks(tmp_path: Pa
     assert first == kept
     second, said = report()
     assert second == first and "rollups" not in said, said
+    from iolens.rundir.rollup import ROLLUP_VERSION
+
+    now, older = b'{"rollup":%d,' % ROLLUP_VERSION, b'{"rollup":%d,' % (ROLLUP_VERSION - 1)
     for path in run.glob("rollups-*.jsonl"):  # as an older iolens wrote them, whole
         lines = []
         for line in path.read_bytes().splitlines():
-            body = line[:line.rindex(b',"check":')].replace(b'{"rollup":2,', b'{"rollup":1,')
+            assert line.startswith(now), line[:40]
+            body = line[:line.rindex(b',"check":')].replace(now, older)
             lines.append(body + b',"check":%d}\n' % zlib.crc32(body))
         path.write_bytes(b"".join(lines))
     third, said = report()

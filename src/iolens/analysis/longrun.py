@@ -26,7 +26,9 @@ LONG_RUN_RECORDS = 50_000
 """More records than this (14 hours at 1 s) are read as buckets."""
 TARGET_BUCKETS = 10_000
 """About this many buckets per run: enough for any chart or verdict window (a long run's
-buckets are whole rollup slots, so there may be half as many: see bucket_seconds)."""
+buckets are whole rollup slots, so there may be half as many: see bucket_seconds). At most
+MADE_SLOTS (iolens.rundir.rollup): a run whose buckets are one slot each reads them as the
+records its rollup lines hold."""
 
 
 @dataclass
@@ -74,6 +76,9 @@ class ChunkResult:
 
     buckets: dict[int, Bucket]
     lines: int = 0
+    made: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Buckets read from the rollups as records (NOTE [a slot's record] in
+    iolens/rundir/rollup.py), by index, where none of ``buckets`` has that index."""
     newer: int = 0
     skipped: Skipped = field(default_factory=Skipped)
     seqs: Seqs = field(default_factory=Seqs)
@@ -198,20 +203,33 @@ def fold_run(path: str, bucket_s: float, jobs: int | None = None, *,
     """Every record of records.jsonl at ``path`` folded into buckets of ``bucket_s``: from
     the rollups beside it as far as they hold it (when the buckets are whole rollup slots)
     and from the records after them (NOTE [rollups] in iolens/rundir/rollup.py).
-    ``rolled``: the rollups already read (None: there are none), else they are read."""
+    ``rolled``: the rollups already read (None: there are none), else they are read (as
+    records where a bucket is one slot: NOTE [a slot's record])."""
     slot_s = rollup_slot(bucket_s)
+    per = round(bucket_s / slot_s) if slot_s else 0
     if rolled is True:
-        rolled = read_rollups(os.path.dirname(path) or ".", path, slot_s) if slot_s else None
+        rolled = (read_rollups(os.path.dirname(path) or ".", path, slot_s, made=per == 1)
+                  if slot_s else None)
     if not isinstance(rolled, Rolled) or not slot_s:
         return fold_records(path, bucket_s, jobs)
-    per = round(bucket_s / slot_s)
     total = fold_records(path, bucket_s, jobs, start=rolled.to)
     if rolled.seq is not None and total.seqs.lo is not None and total.seqs.lo <= rolled.seq:
         # a line past the rollups that they hold already (NOTE [duplicates across ranges])
         return fold_records(path, bucket_s, jobs)
     total.lines += rolled.records
     buckets = total.buckets
-    for slot, b in rolled.slots:
+    slots = rolled.slots
+    if rolled.made and per != 1:  # (buckets of several slots: merged from their states)
+        slots = _states(rolled.made)
+    elif rolled.made:
+        parse = loads()
+        for slot, rec, state in rolled.made:
+            mine = buckets.get(slot)
+            if mine is None:
+                total.made[slot] = rec
+            else:  # records past the rollups in a slot they hold: merged from its state
+                mine.merge(Bucket.from_state(parse(state)))
+    for slot, b in slots:
         idx = slot // per
         mine = buckets.get(idx)
         if mine is None:
@@ -219,6 +237,11 @@ def fold_run(path: str, bucket_s: float, jobs: int | None = None, *,
         else:
             mine.merge(b)
     return total
+
+
+def _states(made: list[tuple[int, dict[str, Any], bytes]]) -> list[tuple[int, Bucket]]:
+    parse = loads()
+    return [(slot, Bucket.from_state(parse(state))) for slot, _, state in made]
 
 
 def fold_records(path: str, bucket_s: float, jobs: int | None = None, *,
@@ -293,5 +316,7 @@ def bucket_seconds(span_s: float, interval_s: float | None, target: int | None =
 
 def bucket_records(result: ChunkResult) -> Iterator[dict[str, Any]]:
     """The buckets as records, in time order."""
-    for idx in sorted(result.buckets):
-        yield result.buckets[idx].record()
+    buckets, made = result.buckets, result.made
+    for idx in sorted(buckets.keys() | made.keys()) if made else sorted(buckets):
+        b = buckets.get(idx)
+        yield made[idx] if b is None else b.record()

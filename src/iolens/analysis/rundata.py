@@ -207,7 +207,8 @@ def _load_long(path: str, rec_path: str, meta: dict[str, Any], notes: list[str],
     interval = meta.get("interval_s")
     bucket_s = bucket_seconds(last, interval if isinstance(interval, (int, float)) else None)
     slot_s = rollup_slot(bucket_s)
-    rolled = read_rollups(path, rec_path, slot_s) if slot_s else None
+    made = bool(slot_s) and round(bucket_s / slot_s) == 1  # NOTE [a slot's record]
+    rolled = read_rollups(path, rec_path, slot_s, made=made) if slot_s else None
     rebuilt = None
     failed = None
     if rebuild and slot_s and meta.get("end"):

@@ -6,12 +6,13 @@ rollups, one file per slot length of ROLLUP_LEVELS (``rollups-10s.jsonl``,
 ``rollups-30s.jsonl`` ... ``rollups-1000s.jsonl``): as each record is appended to
 records.jsonl, it is folded into the bucket of its slot at each length (by
 ``elapsed_s``), and when a record of another slot comes, that bucket's whole state
-goes out as one line, saying which bytes of records.jsonl it holds (``from``,
-``to``: each line begins where the one before it ended), the CRC-32 of its last
-record's line and, last, that of the line itself (``check``). A long run's report
-picks the longest slots that make about half its buckets or more, merges their
-lines into its buckets (whole slots each: at most 2 lines a bucket, and 16,700
-lines, for runs of up to 170 days) and folds only the records past the last line's
+goes out as one line, with the bucket as a record (NOTE [a slot's record]), saying
+which bytes of records.jsonl it holds (``from``, ``to``: each line begins where the one
+before it ended), the CRC-32 of its last record's line and, last, that of the line
+itself (``check``). A long run's report picks the longest slots that make about half
+its buckets or more, reads their lines as its buckets (whole slots each: at most 2
+lines a bucket, and 16,700 lines, for runs of up to 170 days; where a bucket is one
+slot, its record as it stands) and folds only the records past the last line's
 ``to`` (those of a run still recording, or written after the recorder stopped
 writing rollups).
 records.jsonl stays the source of truth: rollups that do not match it (a shorter
@@ -53,7 +54,7 @@ ROLLUP_LEVELS = (10.0, 30.0, 100.0, 300.0, 1000.0)
 factor of at most 3.34 apart, so that the longest slot of twice the natural bucket or less
 is over 0.6 of it and a bucket is 1 or 2 slots, for runs of up to 170 days (a natural
 bucket of 1,500 s: 1000 s slots)."""
-ROLLUP_VERSION = 2
+ROLLUP_VERSION = 3
 
 
 def rollups_file(slot_s: float) -> str:
@@ -542,12 +543,16 @@ class Bucket:
         devices: dict[str, Any] = {}
         for name, a in self.dev.items():
             secs = a[0] or 1.0
-            d: dict[str, Any] = {k: a[i] / secs for i, k in enumerate(_DEV_MEAN, 1)}
-            r_ios, w_ios = a[2], a[5]
-            d["r_await"] = a[11] / r_ios if r_ios else 0.0
-            d["w_await"] = a[12] / w_ios if w_ios else 0.0
-            d["rareq_sz"] = a[3] / a[2] if a[2] else 0.0
-            d["wareq_sz"] = a[6] / a[5] if a[5] else 0.0
+            r_ios, rkb, w_ios, wkb = a[2], a[3], a[5], a[6]
+            d: dict[str, Any] = {  # _DEV_MEAN's, then the awaits and request sizes
+                "util": a[1] / secs, "r_s": r_ios / secs, "rkB_s": rkb / secs,
+                "rrqm_s": a[4] / secs, "w_s": w_ios / secs, "wkB_s": wkb / secs,
+                "wrqm_s": a[7] / secs, "d_s": a[8] / secs, "f_s": a[9] / secs,
+                "aqu_sz": a[10] / secs,
+                "r_await": a[11] / r_ios if r_ios else 0.0,
+                "w_await": a[12] / w_ios if w_ios else 0.0,
+                "rareq_sz": rkb / r_ios if r_ios else 0.0,
+                "wareq_sz": wkb / w_ios if w_ios else 0.0}
             self.dev_ext[name].put(d, _DEV_EXT_NAMES)
             devices[name] = d
         rec: dict[str, Any] = {
@@ -780,9 +785,14 @@ class Rollups:
         b, self.bucket = self.bucket, None
         if b is None:
             return None
-        item = {"rollup": ROLLUP_VERSION, "slot_s": self.slot_s, "slot": self.slot,
-                "from": self.begin, "to": self.to, "crc": self.crc, "bucket": b.state()}
-        body = json.dumps(item, separators=(",", ":"), allow_nan=False)[:-1].encode()
+        state = json.dumps(b.state(), separators=(",", ":"), allow_nan=False)
+        head = {"rollup": ROLLUP_VERSION, "slot_s": self.slot_s, "slot": self.slot,
+                "from": self.begin, "to": self.to, "crc": self.crc, "bucket_len": len(state)}
+        parts = [json.dumps(head, separators=(",", ":"))[:-1], _STATE.decode(), state]
+        if self.slot < MADE_SLOTS:  # NOTE [a slot's record]
+            parts += [_RECORD.decode(),
+                      json.dumps(b.record(), separators=(",", ":"), allow_nan=False)]
+        body = "".join(parts).encode()  # (ASCII: lengths in bytes)
         return body + b'%s%d}\n' % (_CHECK, zlib.crc32(body))
 
 
@@ -791,7 +801,11 @@ class Rolled:
     """What the rollups of a run hold (NOTE [rollups])."""
 
     slots: list[tuple[int, Bucket]] = field(default_factory=list)
-    """Each line's slot and bucket, in the file's order."""
+    """Each line's slot and bucket, in the file's order (read as buckets)."""
+    made: list[tuple[int, dict[str, Any], bytes]] = field(default_factory=list)
+    """Each line's slot, its bucket as a record and its bucket's state as JSON (for
+    :meth:`Bucket.from_state`), in the file's order (read as records: NOTE [a slot's
+    record])."""
     to: int = 0
     """The byte of records.jsonl where what they hold ends: the records past it are not in
     them."""
@@ -804,14 +818,40 @@ class Rolled:
 _CHECK = b',"check":'
 """Each rollup line ends with the CRC-32 of what comes before this: a figure changed on the
 way (a bad disk, a hand edit) would parse, and be merged, as a plausible one."""
+_STATE = b',"bucket":'
+_RECORD = b',"record":'
 _TAIL_MAX = 1 << 20
 """The longest last line of a rollup that is checked (a record is a few KiB)."""
+MADE_SLOTS = 10_000
+"""The lines of each slot length's first this many slots hold their bucket's record
+(NOTE [a slot's record]): a report reads a slot length's lines as records where its
+buckets are one slot each, which is where the run spans at most its TARGET_BUCKETS
+(iolens.analysis.longrun) of them."""
+
+"""NOTE [a slot's record]: a line holds its slot's bucket twice: its state (what a merge
+needs: sums, extremes, counts) and the record a report reads (:meth:`Bucket.record`). The
+week's report (bench/bench_report.py) takes its 6,049 buckets of 100 s one slot each:
+made from their states (each figure checked, then each bucket made a record) they took
+0.42 s of its 1.1 s, where parsing them as records takes 0.12 s. So a report whose
+buckets are one slot each parses the records alone, and one whose buckets are two slots
+the states alone: each line says how long its state is (``bucket_len``), and the state,
+then the record, are cut out of it by that (the line is whole JSON still, and its CRC
+covers both). A bucket of one slot that records past the rollups fall in (a run
+recorded again into its directory) is merged from its state.
+The record costs disk (3.7 KB a line beside the state's 2.3 KB), and a slot length's
+buckets are one slot each only while the run spans at most TARGET_BUCKETS of its slots:
+so the lines of the first MADE_SLOTS slots hold it, and no later one. The week's rollups
+are then 1.5 times as large as with states alone, not 2.7 times: each slot length's
+records are at most 10,000 lines however long the run (bench/RESULTS.md). A line
+without its record read as one is made one from its state."""
 
 
-def read_rollups(run_dir: str, records_path: str, slot_s: float) -> Rolled | None:
+def read_rollups(run_dir: str, records_path: str, slot_s: float, *,
+                 made: bool = False) -> Rolled | None:
     """The rollups of ``slot_s``-second slots beside ``records_path`` as far as they hold and
     match it; None where there are none, or they do not match the records (NOTE
-    [rollups])."""
+    [rollups]). ``made``: each slot read as its record (:attr:`Rolled.made`), not as its
+    bucket (NOTE [a slot's record])."""
     try:
         size = os.path.getsize(records_path)
         fh = open(os.path.join(run_dir, rollups_file(slot_s)), "rb")  # noqa: SIM115
@@ -824,24 +864,45 @@ def read_rollups(run_dir: str, records_path: str, slot_s: float) -> Rolled | Non
         for line in fh:
             try:
                 cut = line.rfind(_CHECK)
-                item = parse(line)
-                if cut < 0 or item["check"] != zlib.crc32(line[:cut]):
+                end = line.rstrip(b"\n")
+                if (cut < 0 or not end.endswith(b"}")
+                        or _count(int(end[cut + len(_CHECK):-1])) != zlib.crc32(line[:cut])):
+                    break
+                at = line.find(_STATE)  # (the first: what comes before it is numbers)
+                item = parse(line[:at] + b"}") if at > 0 else None
+                if not isinstance(item, dict):
                     break
                 to = item["to"]
-                if (not isinstance(item, dict) or item.get("rollup") != ROLLUP_VERSION
+                if (item.get("rollup") != ROLLUP_VERSION
                         or item.get("slot_s") != slot_s or item.get("from") != out.to
                         or _count(to) <= out.to or to > size):
                     break
                 slot, line_crc = item["slot"], _count(item["crc"])
                 if isinstance(slot, bool) or not isinstance(slot, int):
                     break
-                b = Bucket.from_state(item["bucket"])
+                begin = at + len(_STATE)
+                stop = begin + _count(item["bucket_len"])
+                has = line[stop:stop + len(_RECORD)] == _RECORD
+                if not has and stop != cut:
+                    break
+                if made and has:
+                    rec = parse(line[stop + len(_RECORD):cut])
+                    n = _count(rec["merged"]) if isinstance(rec, dict) else 0
+                    if not n:
+                        break
+                    out.made.append((slot, rec, line[begin:stop]))
+                else:
+                    b = Bucket.from_state(parse(line[begin:stop]))
+                    n = b.n
+                    if made:  # (a slot past MADE_SLOTS: its record made here)
+                        out.made.append((slot, b.record(), line[begin:stop]))
+                    else:
+                        out.slots.append((slot, b))
             except (ValueError, TypeError, KeyError, IndexError, RecursionError):
                 break
-            out.slots.append((slot, b))
-            out.to, out.records, crc = to, out.records + b.n, line_crc
+            out.to, out.records, crc = to, out.records + n, line_crc
     last = _last_line(records_path, out.to)
-    if not out.slots or last is None or crc != zlib.crc32(last):
+    if not (out.slots or out.made) or last is None or crc != zlib.crc32(last):
         return None
     try:
         seq = parse(last).get("seq")
