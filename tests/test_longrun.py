@@ -351,7 +351,7 @@ def test_a_bucket_read_back_from_its_rollup_line_is_the_bucket_written(
 def test_a_slot_read_as_its_record_is_its_bucket_as_a_record(tmp_path: Path) -> None:
     """NOTE [a slot's record]: each rollup line holds its bucket's record beside its state;
     read as records, every line of every slot length gives the record its state makes,
-    and its state's JSON reads back as the bucket."""
+    and the state's JSON cut out of it makes that record again."""
     from iolens.rundir.rollup import ROLLUP_LEVELS, loads, read_rollups
 
     run = recorded(tmp_path / "run", varied_run(700))
@@ -410,8 +410,69 @@ def test_records_past_the_rollups_in_their_last_slot_are_merged_with_it(
     monkeypatch.setattr(rollup_mod.Bucket, "from_state", classmethod(counted))
     long = load_run(str(run), max_records=500)
     assert long.bucket_s == 30.0 and len(long.records) == 67 and states == 1
-    assert long.records[-1]["merged"] == 21  # 1980-2000 s: 10 from the rollups, 11 after
+    assert long.records[-1]["merged"] == 21  # 1980-2000 s: 11 from the rollups, 10 after
     same_run(long, load_run(str(without_rollups(run, tmp_path / "plain")), max_records=500))
+
+
+def test_a_slot_that_comes_again_is_merged_from_its_states(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rollups folded from a directory recorded into twice, its time begun anew (as the
+    report rebuilds them): each slot has two lines, and a bucket of one slot is both, merged
+    from their states, not the later line's record alone."""
+    records = varied_run(2000)
+    again = copy.deepcopy(records)
+    for r in again:
+        r["seq"] += 2000
+    run = recorded(tmp_path / "run", records + again)
+    lines = (run / "rollups-30s.jsonl").read_bytes().splitlines()
+    assert len(lines) == 2 * 67
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 67)  # natural 30 s: one 30 s slot each
+    long = load_run(str(run), max_records=500)
+    assert long.bucket_s == 30.0 and len(long.records) == 67
+    assert long.records[10]["merged"] == 60 and long.records[0]["merged"] == 2 * 29
+    same_run(long, load_run(str(without_rollups(run, tmp_path / "plain")), max_records=500))
+
+
+def test_a_rollup_line_whose_record_or_state_is_not_a_buckets_is_not_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line edited and its CRC made anew (no damage on the way makes one): a record
+    without the figures every report indexes ends what is read of the rollups there, and
+    a state that is not a bucket's, where it must be merged, has the run read from its
+    records; either way the report is the one its records make."""
+    import zlib
+
+    from iolens.rundir.rollup import read_rollups
+
+    monkeypatch.setattr(longrun, "TARGET_BUCKETS", 67)
+    records = varied_run(2000)
+
+    def edited(name: str, k: int, old: bytes, new: bytes) -> Path:
+        run = recorded(tmp_path / name, records)
+        path = run / "rollups-30s.jsonl"
+        lines = path.read_bytes().splitlines(keepends=True)
+        body = lines[k][:lines[k].rindex(b',"check":')]
+        assert old in body
+        body = body.replace(old, new, 1)
+        lines[k] = body + b',"check":%d}\n' % zlib.crc32(body)
+        path.write_bytes(b"".join(lines))
+        return run
+
+    plain = load_run(str(without_rollups(recorded(tmp_path / "run", records),
+                                         tmp_path / "plain")), max_records=500)
+    run = edited("record", 20, b'"elapsed_s":', b'"elapsed":')  # (the record's: the state
+    for made in (True, False):                                  # has none)
+        rolled = read_rollups(str(run), str(run / "records.jsonl"), 30.0, made=made)
+        assert rolled is not None and rolled.records == (599 if made else 2000), made
+    same_run(load_run(str(run), max_records=500), plain)
+    run = edited("state", 20, b'"bucket":{"n":30,', b'"bucket":{"n":-3,')  # (its length kept)
+    rolled = read_rollups(str(run), str(run / "records.jsonl"), 30.0, made=True)
+    assert rolled is not None and rolled.records == 2000  # (its record is a bucket's)
+    starts = read_from(monkeypatch)
+    states = rolled.made[20][2]
+    rolled.made.insert(21, (20, rolled.made[20][1], states))  # the slot again: merged
+    folded = longrun.fold_run(str(run / "records.jsonl"), 30.0, rolled=rolled)
+    assert starts == [rolled.to, 0] and sum(b.n for b in folded.buckets.values()) == 2000
+    same_run(load_run(str(run), max_records=500), plain)
 
 
 def test_a_buckets_processes_in_state_d_are_its_records_by_role(tmp_path: Path) -> None:

@@ -219,16 +219,13 @@ def fold_run(path: str, bucket_s: float, jobs: int | None = None, *,
     total.lines += rolled.records
     buckets = total.buckets
     slots = rolled.slots
-    if rolled.made and per != 1:  # (buckets of several slots: merged from their states)
-        slots = _states(rolled.made)
-    elif rolled.made:
-        parse = loads()
-        for slot, rec, state in rolled.made:
-            mine = buckets.get(slot)
-            if mine is None:
-                total.made[slot] = rec
-            else:  # records past the rollups in a slot they hold: merged from its state
-                mine.merge(Bucket.from_state(parse(state)))
+    try:
+        if rolled.made and per != 1:  # (buckets of several slots: merged from their states)
+            slots = _states(rolled.made)
+        elif rolled.made:
+            _take_made(rolled.made, total)
+    except ValueError:  # (a state whose line's CRC was made anew after an edit)
+        return fold_records(path, bucket_s, jobs)
     for slot, b in slots:
         idx = slot // per
         mine = buckets.get(idx)
@@ -242,6 +239,26 @@ def fold_run(path: str, bucket_s: float, jobs: int | None = None, *,
 def _states(made: list[tuple[int, dict[str, Any], bytes]]) -> list[tuple[int, Bucket]]:
     parse = loads()
     return [(slot, Bucket.from_state(parse(state))) for slot, _, state in made]
+
+
+def _take_made(made: list[tuple[int, dict[str, Any], bytes]], total: ChunkResult) -> None:
+    """The rollups' records, each the bucket of its slot (buckets of one slot each), into
+    ``total``: as they stand, but where records past the rollups fall in the slot, or a
+    slot comes again (rollups rebuilt for a directory recorded into twice, its time
+    begun anew), merged from the states (ValueError where one is not a bucket's)."""
+    parse = loads()
+    buckets = total.buckets
+    first: dict[int, bytes] = {}
+    for slot, rec, state in made:
+        mine = buckets.get(slot)
+        if mine is not None:  # (records past the rollups, or the slot's line before)
+            mine.merge(Bucket.from_state(parse(state)))
+        elif slot in total.made:
+            del total.made[slot]
+            mine = buckets[slot] = Bucket.from_state(parse(first[slot]))
+            mine.merge(Bucket.from_state(parse(state)))
+        else:
+            total.made[slot], first[slot] = rec, state
 
 
 def fold_records(path: str, bucket_s: float, jobs: int | None = None, *,

@@ -10,8 +10,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 if TYPE_CHECKING:
     from iolens.analysis.rundata import RunData
 
@@ -45,21 +43,24 @@ def json_text(obj: Any) -> str:
     NOTE [report JSON]: the standard encoder indents in Python, not in C: 0.045 s of a
     week's 1 s report (bench/bench_report.py). orjson writes the same text in 0.003 s (the
     week's report byte for byte the same); what is not ASCII in its strings (a path, a
-    device's model) is escaped as the standard encoder escapes it. Two differences, both
-    the same JSON: floats below 1e-4 or from 1e16 on are written as 1e-5, not 1e-05, and a
-    figure that is not finite as null (the standard encoder refused it, and the command
+    device's model), and DEL, is escaped as the standard encoder escapes it. Two
+    differences, both the same JSON: some floats are written in another form (1e-6 where
+    the standard encoder writes 1e-06, 0.000015 where it writes 1.5e-05), and a figure
+    that is not finite as null (the standard encoder refused it, and the command
     failed)."""
+    import orjson  # noqa: PLC0415 - a text report of a short run needs none
+
     try:
         data = orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
     except orjson.JSONEncodeError:  # (an integer past 64 bits: from a damaged record)
         return json.dumps(_finite(obj), indent=2) + "\n"
     text = data.decode()
-    if not data.isascii():
+    if not data.isascii() or b"\x7f" in data:
         text = _NOT_ASCII.sub(lambda m: json.dumps(m.group())[1:-1], text)
     return text + "\n"
 
 
-_NOT_ASCII = re.compile(r"[^\x00-\x7f]")
+_NOT_ASCII = re.compile(r"[^\x00-\x7e]")  # (DEL too: the standard encoder escapes it)
 
 
 def _finite(obj: Any) -> Any:

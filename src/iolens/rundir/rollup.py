@@ -838,6 +838,13 @@ the states alone: each line says how long its state is (``bucket_len``), and the
 then the record, are cut out of it by that (the line is whole JSON still, and its CRC
 covers both). A bucket of one slot that records past the rollups fall in (a run
 recorded again into its directory) is merged from its state.
+The record is read as its line's CRC says, less a check of the figures every report
+indexes (``merged``, ``elapsed_s``, ``interval_s``): checking all of it as the records of
+records.jsonl are checked (:func:`iolens.analysis.recordshape.record_problem`) took
+0.3-0.47 s for the week's, and a line changed on the way fails its CRC. What
+:meth:`Bucket.record` makes is written to disk: a change to it is a new ROLLUP_VERSION,
+so that the rollups of an older iolens are rebuilt, not read as records of another
+shape.
 The record costs disk (3.7 KB a line beside the state's 2.3 KB), and a slot length's
 buckets are one slot each only while the run spans at most TARGET_BUCKETS of its slots:
 so the lines of the first MADE_SLOTS slots hold it, and no later one. The week's rollups
@@ -887,9 +894,7 @@ def read_rollups(run_dir: str, records_path: str, slot_s: float, *,
                     break
                 if made and has:
                     rec = parse(line[stop + len(_RECORD):cut])
-                    n = _count(rec["merged"]) if isinstance(rec, dict) else 0
-                    if not n:
-                        break
+                    n = _made(rec)
                     out.made.append((slot, rec, line[begin:stop]))
                 else:
                     b = Bucket.from_state(parse(line[begin:stop]))
@@ -910,6 +915,18 @@ def read_rollups(run_dir: str, records_path: str, slot_s: float, *,
         seq = None
     out.seq = seq if type(seq) is int else None
     return out
+
+
+def _made(rec: Any) -> int:
+    """The intervals a line's record holds; ValueError where it is not a bucket's record
+    (NOTE [a slot's record]: what the reports index in every record, checked; the rest as
+    its line's CRC says)."""
+    if not isinstance(rec, dict):
+        raise ValueError("not an object")
+    n = _count(rec["merged"])
+    if not n or _num(rec["elapsed_s"]) < 0 or _num(rec["interval_s"]) < 0:
+        raise ValueError("not a bucket's record")
+    return n
 
 
 def _last_line(path: str, end: int) -> bytes | None:
