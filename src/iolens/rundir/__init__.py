@@ -173,7 +173,7 @@ def replace_rollups(path: str, lines: dict[float, list[bytes]]) -> None:
     rebuilt] in iolens/analysis/rebuild.py) in place of its file in the run directory
     ``path``, each file whole or not at all; OSError when one cannot be."""
     for slot_s, data in lines.items():
-        write_atomic(os.path.join(path, rollup.rollups_file(slot_s)), data)  # (not joined: 350 MB)
+        write_atomic(os.path.join(path, rollup.rollups_file(slot_s)), data)  # (not joined: 170 MB)
 
 
 class RunDir:

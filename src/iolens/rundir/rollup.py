@@ -61,7 +61,6 @@ def rollups_file(slot_s: float) -> str:
     """The name of the rollups of ``slot_s``-second slots in the run directory."""
     return f"rollups-{slot_s:g}s.jsonl"
 
-_DEV_MEAN = ("util", "r_s", "rkB_s", "rrqm_s", "w_s", "wkB_s", "wrqm_s", "d_s", "f_s", "aqu_sz")
 _DEV_EXT = ("util", "r_await", "w_await", "rkB_s", "wkB_s", "aqu_sz")
 _ROLE_MEAN = ("cpu_pct", "read_bytes_s", "write_bytes_s", "rchar_s", "wchar_s")
 _ROLE_EXT = ("cpu_pct", "read_bytes_s")
@@ -544,7 +543,7 @@ class Bucket:
         for name, a in self.dev.items():
             secs = a[0] or 1.0
             r_ios, rkb, w_ios, wkb = a[2], a[3], a[5], a[6]
-            d: dict[str, Any] = {  # _DEV_MEAN's, then the awaits and request sizes
+            d: dict[str, Any] = {  # the means, then the awaits and request sizes
                 "util": a[1] / secs, "r_s": r_ios / secs, "rkB_s": rkb / secs,
                 "rrqm_s": a[4] / secs, "w_s": w_ios / secs, "wkB_s": wkb / secs,
                 "wrqm_s": a[7] / secs, "d_s": a[8] / secs, "f_s": a[9] / secs,
