@@ -16,8 +16,11 @@ from typing import Any
 import pytest
 
 from iolens.analysis import compare as C
+from iolens.analysis import rules
 from iolens.analysis.compare import blocks as C_blocks
+from iolens.analysis.proof import _released
 from iolens.analysis.rundata import load_run
+from iolens.analysis.verdict import Verdict
 from iolens.rundir import records as trecords
 from iolens.rundir.timing import TimingReader, TrainingAggregator
 from tests.test_report import write_run
@@ -608,3 +611,22 @@ def test_a_new_run_that_did_not_finish_cleanly_fails_the_gate(
                      "--allow-failed", "--format", "json")
     assert allowed.returncode in (0, 1, 2) and json.loads(allowed.stdout)["new_failed"]
     assert why in json.loads(allowed.stdout)["new_failed"]
+
+
+def test_batches_pickled_then_tensors_are_proved_with_the_release_of_their_memory() -> None:
+    """NOTE [a tensor's release]: the proof of a hand-over made from pickled batches to
+    tensors adds the loop's freeing of the tensors' shared memory, at the run after's
+    pace; batches of tensors before and after free the same memory either way."""
+    def run(types: str, pace: float | None = None) -> Verdict:
+        v = Verdict("handover-bound", "high", 0.5,
+                    loaders=[{"batch_types": types, "batch_bytes": 4 << 20}])
+        v.pace = pace
+        return v
+
+    assert _released(run("list"), run("torch.Tensor", 2.0)) == pytest.approx(
+        4 * rules.HANDOVER_RELEASE_MIB_S * 2.0)
+    assert _released(run("list"), run("torch.Tensor")) == pytest.approx(
+        4 * rules.HANDOVER_RELEASE_MIB_S)
+    assert _released(run("torch.Tensor"), run("torch.Tensor", 2.0)) == 0.0
+    assert _released(run("list"), run("list")) == 0.0
+    assert _released(run(""), run("torch.Tensor")) == 0.0  # (what BEFORE held: unknown)

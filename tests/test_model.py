@@ -81,6 +81,12 @@ def test_a_cheaper_hand_over_frees_the_loops_cpu_and_fewer_tensors_the_workers_t
     # the loop's CPU is cut at most by what it has: a hand-over longer than it is waits
     lean = dataclasses.replace(f, main_cpu_s=0.001)
     assert pm.cheaper_handover(0.5)(lean).main_cpu_s == pytest.approx(0.0005)
+    # NOTE [a tensor's release]: a batch moved into shared memory costs the step its freeing
+    r = pm.cheaper_handover(0.25, release_s=0.0005)(f)
+    assert r.compute_s == pytest.approx(f.compute_s + 0.0005)
+    assert r.main_cpu_s == pytest.approx(g.main_cpu_s + 0.0005)
+    assert r.handover_s == pytest.approx(g.handover_s)
+    assert rate(r).steps_per_s < rate(g).steps_per_s
 
 
 def test_storage_binds_where_its_ceiling_is_known() -> None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from iolens.analysis import rules
+
 pytest.importorskip("torch")
 
 TRAIN = textwrap.dedent("""
@@ -89,6 +91,9 @@ def test_real_training_is_timed_without_code_change(tmp_path: Path, script: Path
     assert meta["timing"][0]["installed"] is True
     assert meta["gpu"]["available"] is bool(meta["gpu"]["names"])
     assert meta["gpu"]["available"] or meta["gpu"]["reason"]  # no GPU is said, with why
+    # the machine's pace, timed by the recorder (NOTE [the machine's pace]): well under the
+    # 5 ms of one core it would take on a machine 10x slower than the lab's
+    assert 0 < meta["pace_s"] < 10 * rules.PACE_LAB_S, meta["pace_s"]
     share = meta["summary"]["data_wait_share"]
     assert share > 0.5 and meta["summary"]["severity"] == "high"
     assert "data wait" in out.stderr and "run directory" in out.stderr

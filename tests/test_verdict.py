@@ -698,6 +698,40 @@ def test_a_batch_of_tensors_is_told_to_hand_over_fewer_not_fewer_bytes() -> None
     ), pickled.prediction.basis
 
 
+
+def test_the_labs_milliseconds_follow_the_machines_pace() -> None:
+    """NOTE [the machine's pace]: a run whose recorder timed its fixed Python work at twice
+    the lab's time has the lab's hand-over of tensors (and their release) doubled; a pace
+    outside rules.PACE_BOUNDS is held to them, and a run without one (or with a bad one)
+    keeps the lab's figures."""
+    records = piped(30, fetch=0.001, cpu=0.001, idle=0.05, handover=0.045, wait=0.05)
+    loaders = [{"num_workers": 2, "batch_types": "numpy.ndarray", "batch_leaves": 4,
+                "batch_tensors": 0, "batch_bytes": 4 << 20}]
+
+    def pickled(**meta: Any) -> Any:
+        v = diagnose(records, {**META, "loaders": loaders, **meta})
+        (rec,) = [r for r in v.recommendations if "return tensors" in r.action]
+        return v, rec
+
+    lab = 6 * 0.15 + 2 * 0.3  # ms: (2 + 4) tensors' parts, 2 MiB beyond the free 2
+    for meta, pace in (({}, None), ({"pace_s": "fast"}, None), ({"pace_s": -1.0}, None),
+                       ({"pace_s": float("nan")}, None), ({"pace_s": True}, None),
+                       ({"pace_s": rules.PACE_LAB_S}, 1.0),
+                       ({"pace_s": 2 * rules.PACE_LAB_S}, 2.0),
+                       ({"pace_s": 10 * rules.PACE_LAB_S}, rules.PACE_BOUNDS[1]),
+                       ({"pace_s": rules.PACE_LAB_S / 10}, rules.PACE_BOUNDS[0])):
+        v, rec = pickled(**meta)
+        assert v.pace == pace, (meta, v.pace)
+        scale = pace or 1.0
+        assert rec.change == {"handover": round(lab * scale / 45, 3)}, (meta, rec.change)
+        basis = rec.prediction.basis[0]
+        assert f"handed over in {lab * scale:.2f} ms" in basis, basis
+        assert f"freed by the loop in {4 * 0.1 * scale:.2f} ms" in basis, basis
+        assert ("at this machine's pace" in basis) == (pace is not None and pace != 1.0), basis
+    slow, fast = pickled(pace_s=2 * rules.PACE_LAB_S)[1], pickled()[1]
+    assert slow.prediction.steps_per_s < fast.prediction.steps_per_s
+
+
 def test_steps_marked_by_hand_give_their_rate_and_window_and_ask_for_the_wait() -> None:
     """iolens.step() marks and no DataLoader batch: the steps' figures, the window of the
     intervals that marked them, and how to time the data too."""

@@ -20,6 +20,7 @@ from iolens.analysis import model as pm
 from iolens.analysis.columns import StageColumns
 from iolens.analysis.pipeline import pipeline_over
 from iolens.analysis.verdict import Verdict, block_sampled
+from iolens.analysis.verdict.workers import release_s
 
 HELD_TOLERANCE = 0.25
 """A prediction holds when the throughput measured after the change is within 25% of it,
@@ -114,11 +115,13 @@ _MEASURED = ("num_workers", "fetch_cpu", "handover", "persistent_workers")
 
 
 def _remodelled(before: Verdict, found: dict[str, Any], fewer_tensors: bool = False,
-                cores: float | None = None) -> tuple[Any, str]:
+                cores: float | None = None, released: float = 0.0) -> tuple[Any, str]:
     """BEFORE's model evaluated with the changes AFTER made, in AFTER's amounts; and the
     action, as advised where BEFORE advised exactly that, else as made (``fewer_tensors``:
     AFTER's batches hold fewer tensors, NOTE [a hand-over's CPU]; ``cores``: the cores
-    AFTER's job had, NOTE [the cores the run after had])."""
+    AFTER's job had, NOTE [the cores the run after had]; ``released``: the loop's CPU a
+    batch to free the shared memory AFTER's batches came in where BEFORE's were pickled,
+    NOTE [a tensor's release])."""
     model = before.model
     assert model is not None
     steps: list[pm.Change] = []
@@ -129,8 +132,10 @@ def _remodelled(before: Verdict, found: dict[str, Any], fewer_tensors: bool = Fa
         basis.append(f"the CPU per sample times {found['fetch_cpu']:.2f}, as measured after")
         made.append(f"the CPU per sample times {found['fetch_cpu']:.2f}")
     if "handover" in found:
-        steps.append(pm.cheaper_handover(float(found["handover"]), fewer_tensors))
-        basis.append(f"the hand-over times {found['handover']:.2f}, as measured after")
+        steps.append(pm.cheaper_handover(float(found["handover"]), fewer_tensors, released))
+        basis.append(f"the hand-over times {found['handover']:.2f}, as measured after"
+                     + (f", and the batches' shared memory freed by the loop in "
+                        f"{released * 1000:.2f} ms" if released else ""))
         made.append(f"the hand-over times {found['handover']:.2f}")
     if found.get("persistent_workers"):
         steps.append(pm.no_epoch_starts())
@@ -189,6 +194,20 @@ def _fewer_tensors(before: Verdict, after: Verdict) -> bool:
     return b is not None and a is not None and 0 < a < b
 
 
+def _released(before: Verdict, after: Verdict) -> float:
+    """The loop's CPU a batch to free AFTER's shared memory, where BEFORE's batches were
+    pickled whole and AFTER's are tensors, at AFTER's pace; 0 otherwise (NOTE [a tensor's
+    release])."""
+    def types(v: Verdict) -> set[str]:
+        return {t for d in v.loaders for t in str(d.get("batch_types") or "").split(",") if t}
+
+    b, a = types(before), types(after)
+    size = max((x for d in after.loaders if type(x := d.get("batch_bytes")) is int), default=0)
+    if not b or b == {"torch.Tensor"} or a != {"torch.Tensor"} or size <= 0:
+        return 0.0
+    return release_s(size, after.pace)
+
+
 def _close(advised: Any, made: Any) -> bool:
     """Whether an amount made is the one advised (within a tenth for a factor)."""
     if isinstance(advised, bool) or isinstance(made, bool) or isinstance(advised, int):
@@ -222,7 +241,8 @@ def prove(before: Verdict, after: Verdict, before_cols: StageColumns,
         # it advised.
         fa = after.model.whole if after.model is not None else None
         pred, action = _remodelled(before, found, _fewer_tensors(before, after),
-                                   fa.cores if fa is not None else None)
+                                   fa.cores if fa is not None else None,
+                                   _released(before, after))
     else:
         keys = set(found) - {"num_workers"} if n is None else set(found)
         for r in _recs(before):

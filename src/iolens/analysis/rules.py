@@ -69,6 +69,18 @@ HANDOVER_MIB_S = 0.0003
 """... and 0.3 ms for each MiB beyond: 1.02-1.16 ms at 4 MiB in the lab, 1.92 ms at 8 MiB
 (where the workers writing the bytes took the loop's cores, and the model's 2.25 ms is
 the lesser gain)."""
+HANDOVER_RELEASE_MIB_S = 0.0001
+"""A batch of tensors, once the loop lets it go, frees the shared memory its worker wrote
+it into: 0.1 ms of the loop's CPU for each MiB at the lab's pace (NOTE [a tensor's
+release] in iolens/analysis/verdict/workers.py)."""
+PACE_LAB_S = 0.00037
+"""The lab's pace for Python's own work (NOTE [the machine's pace] in
+iolens/recorder/pace.py): the recorder's fixed piece of work in 0.36-0.38 ms, the
+quickest this machine ran it, on the days the hand-over's figures above held. A run whose
+pace is slower has them scaled up by its pace over this one."""
+PACE_BOUNDS = (0.5, 3.0)
+"""The most a run's pace moves the lab's figures either way: a pace beyond is a machine
+too unlike the lab's for a scaled figure to stand for it."""
 WORKER_CPU_SOME = 50.0
 """On a machine with no idle core, workers using half a core or more are held
 back by the CPU they share; workers using less mostly wait on something else,

@@ -22,6 +22,7 @@ from typing import Any
 from iolens._errors import StatsUnavailableError
 from iolens._version import __version__
 from iolens.core.rates import DeviceRates, snapshot_rates
+from iolens.recorder.pace import PaceClock
 from iolens.recorder.storage import StorageWatch
 from iolens.recorder.totals import LiveTotals
 from iolens.rundir import SCHEMA_VERSION, RunDir, rfc3339
@@ -218,6 +219,8 @@ class Recorder:
         """Records the run directory could not take, in order (NOTE [unsaved records])."""
         self.unsaved_dropped = 0
         """Unsaved records dropped from memory past ``_UNSAVED_MAX``."""
+        self.pace = PaceClock()
+        """The machine's pace for Python's own work (NOTE [the machine's pace])."""
         self.seq = 0
         self.start_wall = time.time()
         self.start_mono = time.monotonic()
@@ -724,6 +727,7 @@ class Recorder:
             if len(self.unsaved) > _UNSAVED_MAX:
                 del self.unsaved[0]
                 self.unsaved_dropped += 1
+        self.pace.tick(now_mono)  # (after the record: it does not delay it)
         if self.totals is not None:
             try:
                 self.totals.publish(rec, self._disk_prev if self._disk_error is None else None,
@@ -771,6 +775,7 @@ class Recorder:
             "kernel": f"{u.sysname} {u.release}",
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
+            "pace_s": None if (pace := self.pace.seconds()) is None else round(pace, 7),
             "interval_s": self.interval,
             "root_pid": self.root_pid,
             "start": rfc3339(self.start_wall),

@@ -157,16 +157,18 @@ def cheaper_fetch(factor: float) -> Change:
     return apply
 
 
-def cheaper_handover(factor: float, tensors: bool = False) -> Change:
+def cheaper_handover(factor: float, tensors: bool = False, release_s: float = 0.0) -> Change:
     """The loop's hand-over of a batch times ``factor``, and the CPU it spends on it with
     it; ``tensors``: the change is fewer tensors a batch, and the workers' CPU beyond
     their fetch (the collate and the sending, a tensor at a time) falls by the same factor
-    (NOTE [a hand-over's CPU])."""
+    (NOTE [a hand-over's CPU]); ``release_s``: the loop's step gains that much CPU a batch
+    (freeing shared memory the batch did not use before: NOTE [a tensor's release] in
+    iolens/analysis/verdict/workers.py)."""
     def apply(f: Figures) -> Figures:
         cut = 1 - factor
         out = dataclasses.replace(
-            f, handover_s=f.handover_s * factor,
-            main_cpu_s=f.main_cpu_s - cut * min(f.handover_s, f.main_cpu_s))
+            f, handover_s=f.handover_s * factor, compute_s=f.compute_s + release_s,
+            main_cpu_s=f.main_cpu_s - cut * min(f.handover_s, f.main_cpu_s) + release_s)
         if tensors and f.workers:
             beyond = max(0.0, f.loader_cpu_s - f.batch * f.fetch_cpu_s)
             out = dataclasses.replace(out, loader_cpu_s=f.loader_cpu_s - cut * beyond,

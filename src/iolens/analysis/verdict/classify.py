@@ -29,7 +29,7 @@ from iolens.analysis.verdict.result import (
     severity,
 )
 from iolens.analysis.verdict.storage import probe_for
-from iolens.analysis.verdict.workers import epoch_starts_first, nothing_to_gain
+from iolens.analysis.verdict.workers import epoch_starts_first, machine_pace, nothing_to_gain
 from iolens.analysis.verdict.writes import write_stall
 from iolens.core.words import plural
 from iolens.training import overrides
@@ -64,6 +64,7 @@ def diagnose(run: RunView | Sequence[dict[str, Any]],
     if isinstance(meta.get("run_dir"), str):
         v.run_dir = shlex.quote(meta["run_dir"])
     v.loaders = [d for d in meta.get("loaders") or [] if isinstance(d, dict)]
+    v.pace = machine_pace(meta)
     model = Model(steps, int(meta.get("cpus") or 0) or None,
                   workers=pm.declared_workers(columns) or None)
     v.model = model if model.whole is not None else None

@@ -151,6 +151,11 @@ class Verdict:
     loaders: list[dict[str, Any]] = field(default_factory=list, repr=False, compare=False)
     """The settings of the job's DataLoaders (meta.json's ``loaders``, NOTE [loader
     settings] in iolens/training/_hooks.py): advice never asks for what is set."""
+    pace: float | None = field(default=None, repr=False, compare=False)
+    """This machine's time for Python's own work over the lab's (meta.json's ``pace_s``
+    over rules.PACE_LAB_S, within rules.PACE_BOUNDS; NOTE [the machine's pace] in
+    iolens/recorder/pace.py): the lab's milliseconds are scaled by it. None where the run
+    did not measure it (the lab's figures as they are)."""
 
     def already(self, key: str, value: Any) -> bool:
         """Whether every loader with workers already has ``key`` set to ``value`` (False

@@ -4,6 +4,9 @@ the hand-over and the epochs' first batches.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from iolens.analysis import model as pm
 from iolens.analysis import rules
 from iolens.analysis.columns import Span, StageColumns, added
@@ -209,18 +212,21 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
     if types and types != {"torch.Tensor"} and leaves and not pinned and (
             hand is not None and hand > 0):
         # NOTE [a tensor's hand-over]: the pickled leaves as tensors, each a handle
-        as_tensors = handover_s(leaves, size)
+        as_tensors = handover_s(leaves, size) * (v.pace or 1.0)
         factor = round(min(1.0, as_tensors / hand), 3)
+        release = release_s(size, v.pace)
         v.offer(v.fix(
             "make each batch cheaper to hand over: return tensors (moved through shared "
             "memory, their bytes counting for little) rather than Python lists or NumPy "
             f"arrays (pickled whole; the batches hold {', '.join(sorted(types))})",
             "the wait left is the batch's way from the worker to the loop",
             "the hand-over's share of the wait", {"handover": factor},
-            pm.cheaper_handover(factor),
+            pm.cheaper_handover(factor, release_s=release),
             basis=[f"its {plural(leaves, 'leaf', 'leaves')} as tensors, handed over in "
                    f"{as_tensors * 1000:.2f} ms a batch as in the lab (a batch's own part, "
-                   f"each tensor's and each MiB's), against {hand * 1000:.2f} ms now"]))
+                   f"each tensor's and each MiB's{paced(v.pace)}), against "
+                   f"{hand * 1000:.2f} ms now, and their shared memory freed by the loop "
+                   f"in {release * 1000:.2f} ms"]))
         return
     factor, basis = 0.5, "if the hand-over took half as long"
     if types == {"torch.Tensor"}:
@@ -242,6 +248,31 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
         "the wait left is the batch's way from the worker to the loop",
         "the hand-over's share of the wait", {"handover": factor},
         pm.cheaper_handover(factor), basis=[basis]))
+
+
+def machine_pace(meta: dict[str, Any]) -> float | None:
+    """meta.json's ``pace_s`` over the lab's, within rules.PACE_BOUNDS; None where the run
+    has none (NOTE [the machine's pace] in iolens/recorder/pace.py)."""
+    pace = meta.get("pace_s")
+    if not isinstance(pace, (int, float)) or isinstance(pace, bool):
+        return None
+    if not math.isfinite(pace) or pace <= 0:
+        return None
+    low, high = rules.PACE_BOUNDS
+    return min(high, max(low, float(pace) / rules.PACE_LAB_S))
+
+
+def paced(pace: float | None) -> str:
+    """The words that say the lab's milliseconds were scaled by ``pace`` (none at 1)."""
+    if pace is None or round(pace, 2) == 1:
+        return ""
+    return f", at this machine's pace: {pace:.2f}x the lab's time for the same Python work"
+
+
+def release_s(size: int, pace: float | None) -> float:
+    """The loop's CPU a batch to free the ``size`` bytes of shared memory it was handed
+    over in, at ``pace`` (NOTE [a tensor's release])."""
+    return size / (1 << 20) * rules.HANDOVER_RELEASE_MIB_S * (pace or 1.0)
 
 
 def handover_s(tensors: int, size: int) -> float:
@@ -275,7 +306,21 @@ predicted at the lab's cost of as many tensors of its bytes (the lab's 4 MiB of 
 batch, 4.35 ms: 1.05 predicted as one tensor, 1.05-1.37 measured). With pin_memory, the
 loop's pinning thread copies each byte of each tensor, and the bytes count again: the
 advice is then to make the batch smaller, predicted as a hand-over halved (a figure of
-no measurement)."""
+no measurement). The lab's milliseconds are scaled by the run's pace (NOTE [the machine's
+pace] in iolens/recorder/pace.py): on a day this machine ran the recorder's fixed work
+at 1.4-1.75x the lab's time, the 4 MiB tensor's hand-over took 1.68-2.86 ms."""
+
+
+"""NOTE [a tensor's release]: the loop that lets a batch of tensors go frees the shared
+memory its worker wrote it into, and that is in its step, not its hand-over. Timed by
+hand on a day of 1.6-1.75x the lab's pace: `del batch` took 0.66-0.79 ms of the loop's
+CPU for one tensor of 4 MiB, 0.07 ms for 128 KiB, and 0.004 ms (1.05 at the 90th
+percentile, where the allocator gave memory back) for the same 4 MiB pickled as bytes.
+So a batch pickled whole and returned as tensors costs the step 0.1 ms a MiB at the
+lab's pace (rules.HANDOVER_RELEASE_MIB_S), which the prediction adds. Without it (and
+without the pace) the prediction for the lab's 4 MiB of bytes was 271-279 steps/s that
+day where 168-219 were measured; with both, 195-221 against 194-216. Changes between
+batches of tensors alike in bytes (fewer tensors) free the same memory either way."""
 
 def tune(v: Verdict) -> Recommendation:
     """Points the input-bound classes without saturated storage at ``iolens tune``, beside
