@@ -396,7 +396,8 @@ def make_tuner(recorder: Recorder, run_dir: RunDir, command: Sequence[str],
     iolens/training/autotune.py)."""
     def meta() -> dict[str, Any]:
         return {"cpus": os.cpu_count(), "storage": recorder.storage_now,
-                "loaders": recorder.loaders(), "command": list(command)}
+                "loaders": recorder.loaders(), "command": list(command),
+                "pace_s": recorder.pace.seconds()}
 
     return Tuner(run_dir.path, meta, warn)
 
