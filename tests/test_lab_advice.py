@@ -354,6 +354,8 @@ def test_idle_workers_behind_the_hand_over_get_the_hand_over_advice(tmp_path: Pa
                          capture_output=True, text=True, timeout=120, check=True)
     proof = json.loads(cmp.stdout)["prediction"]
     assert proof["change"]["handover"] < 0.5, proof
+    assert any("shared memory freed by the loop" in b for b in proof["predicted"]["basis"]), (
+        proof)  # (NOTE [a tensor's release]: from pickled batches to tensors)
     assert proof["held"] is True, proof
 
 

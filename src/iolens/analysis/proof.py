@@ -20,7 +20,7 @@ from iolens.analysis import model as pm
 from iolens.analysis.columns import StageColumns
 from iolens.analysis.pipeline import pipeline_over
 from iolens.analysis.verdict import Verdict, block_sampled
-from iolens.analysis.verdict.workers import release_s
+from iolens.analysis.verdict.workers import batch_most, batch_types, release_s
 
 HELD_TOLERANCE = 0.25
 """A prediction holds when the throughput measured after the change is within 25% of it,
@@ -189,8 +189,7 @@ one of these besides is the advice, made as measured."""
 def _fewer_tensors(before: Verdict, after: Verdict) -> bool:
     """Whether AFTER's batches hold fewer tensors than BEFORE's, where both recorded them
     (the most of any loader's: NOTE [a hand-over's CPU])."""
-    b, a = (max((x for d in v.loaders if type(x := d.get("batch_tensors")) is int),
-                default=None) for v in (before, after))
+    b, a = (batch_most(v, "batch_tensors") for v in (before, after))
     return b is not None and a is not None and 0 < a < b
 
 
@@ -198,11 +197,8 @@ def _released(before: Verdict, after: Verdict) -> float:
     """The loop's CPU a batch to free AFTER's shared memory, where BEFORE's batches were
     pickled whole and AFTER's are tensors, at AFTER's pace; 0 otherwise (NOTE [a tensor's
     release])."""
-    def types(v: Verdict) -> set[str]:
-        return {t for d in v.loaders for t in str(d.get("batch_types") or "").split(",") if t}
-
-    b, a = types(before), types(after)
-    size = max((x for d in after.loaders if type(x := d.get("batch_bytes")) is int), default=0)
+    b, a = batch_types(before), batch_types(after)
+    size = batch_most(after, "batch_bytes") or 0
     if not b or b == {"torch.Tensor"} or a != {"torch.Tensor"} or size <= 0:
         return 0.0
     return release_s(size, after.pace)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import gc
 import pickle
+import statistics
 import time
 
-ROUNDS = 15
-"""Rounds of the work; the quickest is the pace (a round slowed by an interrupt or a
-neighbour on the core is not)."""
+ROUNDS = 2
+"""Rounds of the work a measurement takes; the quickest is the pace (a round slowed by an
+interrupt or a neighbour on the core is not)."""
 
 
 def _work() -> int:
@@ -36,7 +37,8 @@ def _work() -> int:
 
 def python_pace(rounds: int = ROUNDS) -> float | None:
     """Seconds of this thread's CPU for the quickest of ``rounds`` rounds of the fixed work
-    (NOTE [the machine's pace]); None where the thread's CPU clock cannot be read."""
+    (NOTE [the machine's pace]); None where the clock did not move (too coarse to time
+    it)."""
     enabled = gc.isenabled()
     gc.disable()  # (a collection would time the heap, not the machine)
     try:
@@ -48,8 +50,6 @@ def python_pace(rounds: int = ROUNDS) -> float | None:
             if took > 0 and (best is None or took < best):
                 best = took
         return None if best is None else best / 1e9
-    except OSError:
-        return None
     finally:
         if enabled:
             gc.enable()
@@ -61,8 +61,8 @@ half as often, so that a run of any length keeps paces spread evenly over its ti
 
 
 class PaceClock:
-    """The machine's pace over a run: one measurement a second at most (2 rounds, about
-    1 ms of the recorder's CPU), and their median (NOTE [the machine's pace])."""
+    """The machine's pace over a run: one measurement a second at most (ROUNDS rounds,
+    about 1 ms of the recorder's CPU), and their median (NOTE [the machine's pace])."""
 
     def __init__(self, every_s: float = 1.0) -> None:
         self.every_s = every_s
@@ -74,7 +74,7 @@ class PaceClock:
         if now < self._due:
             return
         self._due = now + self.every_s
-        pace = python_pace(2)
+        pace = python_pace()
         if pace is None:
             return
         self.paces.append(pace)
@@ -84,8 +84,4 @@ class PaceClock:
 
     def seconds(self) -> float | None:
         """The median pace measured, in seconds; None before the first."""
-        if not self.paces:
-            return None
-        ordered = sorted(self.paces)
-        mid = len(ordered) // 2
-        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        return statistics.median(self.paces) if self.paces else None

@@ -727,7 +727,8 @@ class Recorder:
             if len(self.unsaved) > _UNSAVED_MAX:
                 del self.unsaved[0]
                 self.unsaved_dropped += 1
-        self.pace.tick(now_mono)  # (after the record: it does not delay it)
+        if self.run is not None:  # (for meta.json: after the record, not to delay it)
+            self.pace.tick(now_mono)
         if self.totals is not None:
             try:
                 self.totals.publish(rec, self._disk_prev if self._disk_error is None else None,

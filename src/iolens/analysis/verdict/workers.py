@@ -175,9 +175,8 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
             "the epochs' first batches wait for new workers", "the epoch starts' wait",
             {"persistent_workers": True}, pm.no_epoch_starts(),
             basis=["without the epochs' first batches' wait"]))
-    types = {t for d in v.loaders for t in str(d.get("batch_types") or "").split(",") if t}
-    tensors, leaves, size = (max((n for d in v.loaders if type(n := d.get(key)) is int),
-                                 default=0)
+    types = batch_types(v)
+    tensors, leaves, size = (batch_most(v, key) or 0
                              for key in ("batch_tensors", "batch_leaves", "batch_bytes"))
     pinned = any(d.get("pin_memory") is True for d in v.loaders)
     if types == {"torch.Tensor"} and not pinned and tensors:
@@ -248,6 +247,18 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
         "the wait left is the batch's way from the worker to the loop",
         "the hand-over's share of the wait", {"handover": factor},
         pm.cheaper_handover(factor), basis=[basis]))
+
+
+def batch_types(v: Verdict) -> set[str]:
+    """The types the job's batches held, over its loaders (NOTE [loader settings] in
+    iolens/training/_hooks.py)."""
+    return {t for d in v.loaders for t in str(d.get("batch_types") or "").split(",") if t}
+
+
+def batch_most(v: Verdict, key: str) -> int | None:
+    """The most of any loader's ``key`` (``batch_tensors``, ``batch_leaves``,
+    ``batch_bytes``); None where no loader recorded it."""
+    return max((n for d in v.loaders if type(n := d.get(key)) is int), default=None)
 
 
 def machine_pace(meta: dict[str, Any]) -> float | None:
