@@ -254,6 +254,25 @@ def test_devices_the_job_opens_files_on_are_watched(tmp_path: Path) -> None:
     assert any(name in r["devices"] for r in records(tmp_path / "run"))
 
 
+def test_a_data_file_seen_first_in_the_scan_names_its_device_as_the_datasets(
+        tmp_path: Path) -> None:
+    """The scan of open files can see a worker's data file before the timing hook reports
+    the open (CI saw it once): the device is still said to serve the dataset, not merely
+    to hold a file the job reads or writes."""
+    from iolens.recorder.sampler import Recorder
+    from tests.test_devmap import mounted_loop
+
+    with mounted_loop(tmp_path, tmp_path / "mnt") as (dev, mnt):
+        (mnt / "data").mkdir()
+        (mnt / "data" / "000.bin").write_bytes(os.urandom(4096))
+        with open(mnt / "data" / "000.bin", "rb"):
+            rec = Recorder(None, os.getpid(), 0.1, {})
+            rec._scan_fds([os.getpid()])
+    why = rec.watch.get(Path(dev).name, "")
+    assert why.startswith("serves the dataset: the input pipeline read files in "), rec.watch
+    assert why.endswith(str(mnt / "data")), why
+
+
 def test_a_python_job_writing_a_file_has_its_device_watched_from_the_open(
         tmp_path: Path) -> None:
     """A Python job's file opened for writing (a checkpoint) notes its folder at once: the

@@ -64,6 +64,11 @@ _HELD_MAX = 65536
 _DEVICE_FIELDS = ("r_s", "rkB_s", "rrqm_s", "r_await", "rareq_sz", "w_s", "wkB_s", "wrqm_s",
                   "w_await", "wareq_sz", "d_s", "f_s", "aqu_sz", "util")
 
+_FROM_FILES = ("the job reads or writes ", "the job writes files in ")
+"""Why a device is watched when found from one of the job's files alone. The dataset's
+folders, found a moment later from the same files, say more and replace these: the fd
+scan can see a worker's data file before the timing hook reports the open."""
+
 
 def device_record(r: DeviceRates) -> dict[str, float]:
     """The figures of one device kept in each interval record."""
@@ -616,7 +621,7 @@ class Recorder:
             self.storage_now[:] = self.storage.meta()  # (the most opened mount comes first)
         for served in found:
             for disk in served.disks:
-                if disk not in self.watch:
+                if self.watch.get(disk, _FROM_FILES[0]).startswith(_FROM_FILES):
                     self.watch[disk] = (f"serves the dataset: the input pipeline read files "
                                         f"in {served.folders[0]}")
 
