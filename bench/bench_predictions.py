@@ -132,6 +132,10 @@ def _advice_cases() -> list[Case]:
              "workers that keep up, 2 ms step; the fix returns the bytes as one uint8 tensor",
              ADVICE, ["handover", s, "2", "0"], "handover",
              lambda r: ["handover-tensor", s, "2", "0"]),
+        Case("NumPy samples kept apart", "8 samples of 512 KiB a batch, a NumPy array each, "
+             "kept in a list by the collate_fn, 2 workers that keep up, 2 ms step; the fix "
+             "returns tensors the default collate stacks", ADVICE, ["arrays", s, "2", "0"],
+             "handover", lambda r: ["arrays-tensor", s, "2", "0"]),
         Case("spawn workers each epoch", "spawn, 3 workers, 4 epochs of 100 batches",
              SPAWN, ["0"], "persistent_workers", lambda r: ["1"]),
     ]

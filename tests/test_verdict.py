@@ -699,6 +699,38 @@ def test_a_batch_of_tensors_is_told_to_hand_over_fewer_not_fewer_bytes() -> None
 
 
 
+def test_samples_kept_apart_are_told_to_be_stacked_and_predicted_so() -> None:
+    """NOTE [samples kept apart]: a batch of pickled leaves that number a multiple of its
+    batch_size is its samples kept apart; returned as tensors, the default collate_fn
+    stacks them into a tensor a field, and the hand-over is predicted for those."""
+    records = piped(30, fetch=0.001, cpu=0.001, idle=0.05, handover=0.045, wait=0.05)
+
+    def pickled(**loader: Any) -> Any:
+        v = diagnose(records, {**META, "loaders": [
+            {"num_workers": 2, "batch_types": "numpy.ndarray", "batch_tensors": 0,
+             "batch_bytes": 4 << 20, **loader}]})
+        (rec,) = [r for r in v.recommendations if "return tensors" in r.action]
+        return rec
+
+    stacked = pickled(batch_leaves=8, batch_size=8)  # 8 samples, an array each
+    assert stacked.action.endswith("let the default collate_fn stack them: the 8 leaves of "
+                                   "a batch are its samples kept apart, 1 tensor a batch "
+                                   "once stacked"), stacked.action
+    one = (2 + 1) * 0.15 + 2 * 0.3  # ms: one tensor's parts, 2 MiB beyond the free 2
+    assert stacked.change == {"handover": round(one / 45, 3)}, stacked.change
+    assert "its 8 leaves stacked into 1 tensor, handed over in 1.05 ms" in (
+        stacked.prediction.basis[0]), stacked.prediction.basis
+    fields = pickled(batch_leaves=16, batch_size=8)  # (an array and a label a sample)
+    assert "2 tensors a batch once stacked" in fields.action, fields.action
+    assert fields.change == {"handover": round(((2 + 2) * 0.15 + 0.6) / 45, 3)}
+    for loader in ({"batch_leaves": 8, "batch_size": 3}, {"batch_leaves": 8},
+                   {"batch_leaves": 4, "batch_size": 8}, {"batch_leaves": 8, "batch_size": 1}):
+        other = pickled(**loader)  # (not samples kept apart: a tensor a leaf)
+        assert "stack" not in other.action, (loader, other.action)
+        assert other.change == {"handover": round(((2 + loader["batch_leaves"]) * 0.15
+                                                   + 0.6) / 45, 3)}, (loader, other.change)
+
+
 def test_the_labs_milliseconds_follow_the_machines_pace() -> None:
     """NOTE [the machine's pace]: a run whose recorder timed its fixed Python work at twice
     the lab's time has the lab's hand-over of tensors (and their release) doubled; a pace
@@ -727,6 +759,7 @@ def test_the_labs_milliseconds_follow_the_machines_pace() -> None:
         basis = rec.prediction.basis[0]
         assert f"handed over in {lab * scale:.2f} ms" in basis, basis
         assert f"freed by the loop in {4 * 0.1 * scale:.2f} ms" in basis, basis
+        assert f"written by the workers in {4 * 1.1 * scale:.2f} ms" in basis, basis
         assert ("at this machine's pace" in basis) == (pace is not None and pace != 1.0), basis
     slow, fast = pickled(pace_s=2 * rules.PACE_LAB_S)[1], pickled()[1]
     assert slow.prediction.steps_per_s < fast.prediction.steps_per_s

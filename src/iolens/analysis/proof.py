@@ -20,7 +20,7 @@ from iolens.analysis import model as pm
 from iolens.analysis.columns import StageColumns
 from iolens.analysis.pipeline import pipeline_over
 from iolens.analysis.verdict import Verdict, block_sampled
-from iolens.analysis.verdict.workers import batch_most, batch_types, release_s
+from iolens.analysis.verdict.workers import batch_most, batch_types, release_s, write_s
 
 HELD_TOLERANCE = 0.25
 """A prediction holds when the throughput measured after the change is within 25% of it,
@@ -115,13 +115,14 @@ _MEASURED = ("num_workers", "fetch_cpu", "handover", "persistent_workers")
 
 
 def _remodelled(before: Verdict, found: dict[str, Any], fewer_tensors: bool = False,
-                cores: float | None = None, released: float = 0.0) -> tuple[Any, str]:
+                cores: float | None = None, released: tuple[float, float] | None = None
+                ) -> tuple[Any, str]:
     """BEFORE's model evaluated with the changes AFTER made, in AFTER's amounts; and the
     action, as advised where BEFORE advised exactly that, else as made (``fewer_tensors``:
     AFTER's batches hold fewer tensors, NOTE [a hand-over's CPU]; ``cores``: the cores
     AFTER's job had, NOTE [the cores the run after had]; ``released``: the loop's CPU a
     batch to free the shared memory AFTER's batches came in where BEFORE's were pickled,
-    NOTE [a tensor's release])."""
+    NOTE [a tensor's release], and the workers' to write it, NOTE [a tensor's write])."""
     model = before.model
     assert model is not None
     steps: list[pm.Change] = []
@@ -132,10 +133,12 @@ def _remodelled(before: Verdict, found: dict[str, Any], fewer_tensors: bool = Fa
         basis.append(f"the CPU per sample times {found['fetch_cpu']:.2f}, as measured after")
         made.append(f"the CPU per sample times {found['fetch_cpu']:.2f}")
     if "handover" in found:
-        steps.append(pm.cheaper_handover(float(found["handover"]), fewer_tensors, released))
+        free, write = released or (0.0, None)
+        steps.append(pm.cheaper_handover(float(found["handover"]), fewer_tensors, free, write))
         basis.append(f"the hand-over times {found['handover']:.2f}, as measured after"
-                     + (f", and the batches' shared memory freed by the loop in "
-                        f"{released * 1000:.2f} ms" if released else ""))
+                     + (f", and the batches' shared memory written by the workers in "
+                        f"{write * 1000:.2f} ms and freed by the loop in "
+                        f"{free * 1000:.2f} ms" if write is not None else ""))
         made.append(f"the hand-over times {found['handover']:.2f}")
     if found.get("persistent_workers"):
         steps.append(pm.no_epoch_starts())
@@ -193,15 +196,15 @@ def _fewer_tensors(before: Verdict, after: Verdict) -> bool:
     return b is not None and a is not None and 0 < a < b
 
 
-def _released(before: Verdict, after: Verdict) -> float:
-    """The loop's CPU a batch to free AFTER's shared memory, where BEFORE's batches were
-    pickled whole and AFTER's are tensors, at AFTER's pace; 0 otherwise (NOTE [a tensor's
-    release])."""
+def _released(before: Verdict, after: Verdict) -> tuple[float, float] | None:
+    """The loop's CPU a batch to free AFTER's shared memory and the workers' to write it,
+    where BEFORE's batches were pickled whole and AFTER's are tensors, at AFTER's pace;
+    None otherwise (NOTE [a tensor's release], NOTE [a tensor's write])."""
     b, a = batch_types(before), batch_types(after)
     size = batch_most(after, "batch_bytes") or 0
     if not b or b == {"torch.Tensor"} or a != {"torch.Tensor"} or size <= 0:
-        return 0.0
-    return release_s(size, after.pace)
+        return None
+    return release_s(size, after.pace), write_s(size, after.pace)
 
 
 def _close(advised: Any, made: Any) -> bool:

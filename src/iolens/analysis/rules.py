@@ -73,6 +73,10 @@ HANDOVER_RELEASE_MIB_S = 0.0001
 """A batch of tensors, once the loop lets it go, frees the shared memory its worker wrote
 it into: 0.1 ms of the loop's CPU for each MiB at the lab's pace (NOTE [a tensor's
 release] in iolens/analysis/verdict/workers.py)."""
+HANDOVER_WRITE_MIB_S = 0.0011
+"""A batch returned as tensors costs its worker, beyond the fetch, the collate that writes
+it into shared memory and its sending: 1.1 ms of CPU for each MiB at the lab's pace
+(NOTE [a tensor's write] in iolens/analysis/model/changes.py)."""
 PACE_LAB_S = 0.00037
 """The lab's pace for Python's own work (NOTE [the machine's pace] in
 iolens/recorder/pace.py): the recorder's fixed piece of work in 0.36-0.38 ms, the

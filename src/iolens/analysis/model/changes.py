@@ -157,13 +157,16 @@ def cheaper_fetch(factor: float) -> Change:
     return apply
 
 
-def cheaper_handover(factor: float, tensors: bool = False, release_s: float = 0.0) -> Change:
+def cheaper_handover(factor: float, tensors: bool = False, release_s: float = 0.0,
+                     write_s: float | None = None) -> Change:
     """The loop's hand-over of a batch times ``factor``, and the CPU it spends on it with
     it; ``tensors``: the change is fewer tensors a batch, and the workers' CPU beyond
     their fetch (the collate and the sending, a tensor at a time) falls by the same factor
     (NOTE [a hand-over's CPU]); ``release_s``: the loop's step gains that much CPU a batch
     (freeing shared memory the batch did not use before: NOTE [a tensor's release] in
-    iolens/analysis/verdict/workers.py)."""
+    iolens/analysis/verdict/workers.py); ``write_s``: the workers' CPU beyond their fetch
+    becomes that, a batch written into shared memory where it was pickled (NOTE [a
+    tensor's write])."""
     def apply(f: Figures) -> Figures:
         cut = 1 - factor
         out = dataclasses.replace(
@@ -173,6 +176,9 @@ def cheaper_handover(factor: float, tensors: bool = False, release_s: float = 0.
             beyond = max(0.0, f.loader_cpu_s - f.batch * f.fetch_cpu_s)
             out = dataclasses.replace(out, loader_cpu_s=f.loader_cpu_s - cut * beyond,
                                       collate_s=f.collate_s * factor)
+        if write_s is not None and f.workers:
+            out = dataclasses.replace(out, loader_cpu_s=f.batch * f.fetch_cpu_s + write_s,
+                                      collate_s=max(f.collate_s, write_s))
         return out
     return apply
 
@@ -190,6 +196,18 @@ part. From pickled bytes to a tensor it rose, 2.87 -> 3.37 (the collate copies t
 into shared memory where the pickling copied them into the pipe): the model keeps it.
 Where the CPU bound before, the loop's part alone had the prediction 17-25% under the
 run after (CI: 183 predicted for 245 measured, 235 for 349)."""
+
+
+"""NOTE [a tensor's write]: a batch pickled whole costs its worker the pickling and the
+pipe, and what that costs depends on what it holds; returned as tensors it costs the
+collate that writes it into shared memory, and that depends on its bytes alone. Four lab
+runs on 2 cores, 2 workers, 4 MiB a batch, at 1.0-1.5x the lab's pace: pickled as 4 bytes
+objects, 3.5 ms of the workers' CPU a batch beyond the fetch; as 8 NumPy arrays of 512
+KiB, 10.2; returned as tensors the default collate stacks (either way, at 1.03-1.05x the
+lab's pace), 4.6 in both, of which the collate 4.0-4.1. Kept as it was, the workers'
+CPU bound the NumPy case's prediction at 162-179 steps/s where 197-218 were measured.
+So the workers' CPU beyond the fetch is, after, 1.1 ms a MiB at the lab's pace
+(rules.HANDOVER_WRITE_MIB_S, scaled by the pace), and the collate at least that."""
 
 
 def cheaper_compute(factor: float) -> Change:

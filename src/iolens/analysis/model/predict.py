@@ -38,14 +38,15 @@ MAX_BLOCKS = 40
 MODEL_ERROR = 0.15
 """The model's own error on the lab cases: about the largest of bench/RESULTS.md's prediction
 table (each case's fix followed, three runs after it), which the interval holds beside the
-run's own variation. The table of 2026-12-06 04:23: 4.5% the median over 48 runs of 16
-cases, 47 inside their intervals; the largest, -19.3%, one run of the JPEG case from no
-workers to 2, on a slow day for the machine (the table of 2026-12-05 22:01: 4.8% and
--14.4%, one run of the case that hands 16 tensors a batch over; the one of 10:03: 15.7%,
-the JPEG case from no workers to 2, then
-predicted 10% below the cores' own figure; the one before it: 17.9%, a throttled disk's
-cache). An earlier table put one run of the JPEG case from 6 workers to 2
-at 32.8% (a rerun held it at -0.2%): the JPEG cases vary with the shared machine."""
+run's own variation. The table of 2026-12-06 07:17: 3.8% the median over 51 runs of 17
+cases, all inside their intervals; the largest, -13.4%, one run of NumPy samples kept
+apart then handed over as a stacked tensor (the table of 04:23 that day, a slow one for
+the machine: 4.5% and -19.3%, one run of the JPEG case from no workers to 2; the one of
+2026-12-05 22:01: 4.8% and -14.4%, one run of the case that hands 16 tensors a batch
+over; the one of 10:03: 15.7%, the JPEG case from no workers to 2, then predicted 10%
+below the cores' own figure; the one before it: 17.9%, a throttled disk's cache). An
+earlier table put one run of the JPEG case from 6 workers to 2 at 32.8% (a rerun held it
+at -0.2%): the JPEG cases vary with the shared machine."""
 TARGET_MARGIN = 1.15
 """Workers are sized for 15% above the next limit: the batches do not all take the mean
 time, and a worker short of the rate leaves the loop waiting."""
