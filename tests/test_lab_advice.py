@@ -380,7 +380,8 @@ def test_numpy_samples_kept_apart_are_told_to_be_stacked_tensors_and_that_holds(
     assert v["class"] == "handover-bound", v
     first = v["recommendations"][0]
     assert "return tensors" in first["action"] and (
-        "the 8 leaves of a batch are its samples kept apart, 1 tensor a batch") in (
+        "the 8 leaves of a batch, a multiple of its batch_size, are its samples kept "
+        "apart, 1 tensor a batch") in (
         first["action"]), first
     assert "written by the workers" in first["prediction"]["basis"][0], first["prediction"]
     after = []

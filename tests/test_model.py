@@ -97,6 +97,9 @@ def test_a_cheaper_hand_over_frees_the_loops_cpu_and_fewer_tensors_the_workers_t
     assert rate(w).steps_per_s > rate(r).steps_per_s
     assert pm.cheaper_handover(0.25, write_s=0.002)(
         dataclasses.replace(f, workers=0)).loader_cpu_s == f.loader_cpu_s  # (none to write)
+    # a collate of its own dearer than the write (padding) is kept, the write in it
+    dear = pm.cheaper_handover(0.25, write_s=0.0005)(f)
+    assert dear.collate_s == f.collate_s and dear.loader_cpu_s == pytest.approx(0.001 + 0.001)
 
 
 def test_storage_binds_where_its_ceiling_is_known() -> None:

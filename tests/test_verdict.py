@@ -709,13 +709,14 @@ def test_samples_kept_apart_are_told_to_be_stacked_and_predicted_so() -> None:
         v = diagnose(records, {**META, "loaders": [
             {"num_workers": 2, "batch_types": "numpy.ndarray", "batch_tensors": 0,
              "batch_bytes": 4 << 20, **loader}]})
-        (rec,) = [r for r in v.recommendations if "return tensors" in r.action]
+        (rec,) = [r for r in v.recommendations + v.declined if "return tensors" in r.action]
         return rec
 
     stacked = pickled(batch_leaves=8, batch_size=8)  # 8 samples, an array each
-    assert stacked.action.endswith("let the default collate_fn stack them: the 8 leaves of "
-                                   "a batch are its samples kept apart, 1 tensor a batch "
-                                   "once stacked"), stacked.action
+    assert stacked.action.endswith(
+        "let the default collate_fn stack them where the samples share a shape: the 8 leaves "
+        "of a batch, a multiple of its batch_size, are its samples kept apart, 1 tensor a "
+        "batch once stacked"), stacked.action
     one = (2 + 1) * 0.15 + 2 * 0.3  # ms: one tensor's parts, 2 MiB beyond the free 2
     assert stacked.change == {"handover": round(one / 45, 3)}, stacked.change
     assert "its 8 leaves stacked into 1 tensor, handed over in 1.05 ms" in (
@@ -724,11 +725,22 @@ def test_samples_kept_apart_are_told_to_be_stacked_and_predicted_so() -> None:
     assert "2 tensors a batch once stacked" in fields.action, fields.action
     assert fields.change == {"handover": round(((2 + 2) * 0.15 + 0.6) / 45, 3)}
     for loader in ({"batch_leaves": 8, "batch_size": 3}, {"batch_leaves": 8},
-                   {"batch_leaves": 4, "batch_size": 8}, {"batch_leaves": 8, "batch_size": 1}):
+                   {"batch_leaves": 4, "batch_size": 8}, {"batch_leaves": 8, "batch_size": 1},
+                   {"batch_leaves": 1024, "batch_size": 128}):  # (the hook's count: a cap)
         other = pickled(**loader)  # (not samples kept apart: a tensor a leaf)
         assert "stack" not in other.action, (loader, other.action)
-        assert other.change == {"handover": round(((2 + loader["batch_leaves"]) * 0.15
-                                                   + 0.6) / 45, 3)}, (loader, other.change)
+        assert other.change == {"handover": round(min(1.0, ((2 + loader["batch_leaves"])
+                                                            * 0.15 + 0.6) / 45), 3)}, (
+            loader, other.change)
+    # several loaders: the leaves and the batch_size of the same pickling loader, not the
+    # most of each over all of them (an evaluation loader of tensors with a larger batch)
+    v = diagnose(records, {**META, "loaders": [
+        {"num_workers": 2, "batch_types": "numpy.ndarray", "batch_tensors": 0,
+         "batch_bytes": 4 << 20, "batch_leaves": 16, "batch_size": 8},
+        {"num_workers": 2, "batch_types": "torch.Tensor", "batch_tensors": 1,
+         "batch_leaves": 1, "batch_size": 64}]})
+    (rec,) = [r for r in v.recommendations if "return tensors" in r.action]
+    assert "2 tensors a batch once stacked" in rec.action, rec.action
 
 
 def test_the_labs_milliseconds_follow_the_machines_pace() -> None:

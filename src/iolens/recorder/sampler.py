@@ -64,7 +64,8 @@ _HELD_MAX = 65536
 _DEVICE_FIELDS = ("r_s", "rkB_s", "rrqm_s", "r_await", "rareq_sz", "w_s", "wkB_s", "wrqm_s",
                   "w_await", "wareq_sz", "d_s", "f_s", "aqu_sz", "util")
 
-_FROM_FILES = ("the job reads or writes ", "the job writes files in ")
+_OPENS, _WRITES = "the job reads or writes ", "the job writes files in "
+_FROM_FILES = (_OPENS, _WRITES)
 """Why a device is watched when found from one of the job's files alone. The dataset's
 folders, found a moment later from the same files, say more and replace these: the fd
 scan can see a worker's data file before the timing hook reports the open."""
@@ -596,7 +597,7 @@ class Recorder:
                     mapping = device_for_path(target, self.proc_root, self.sys_root)
                     for disk in mapping.disks:
                         if disk not in self.watch:
-                            self.watch[disk] = f"the job reads or writes {target}"
+                            self.watch[disk] = _OPENS + target
                         name = disk
                 except (OSError, ValueError):
                     pass
@@ -621,7 +622,7 @@ class Recorder:
             self.storage_now[:] = self.storage.meta()  # (the most opened mount comes first)
         for served in found:
             for disk in served.disks:
-                if self.watch.get(disk, _FROM_FILES[0]).startswith(_FROM_FILES):
+                if disk not in self.watch or self.watch[disk].startswith(_FROM_FILES):
                     self.watch[disk] = (f"serves the dataset: the input pipeline read files "
                                         f"in {served.folders[0]}")
 
@@ -637,7 +638,7 @@ class Recorder:
             return
         for disk in mapping.disks:
             if disk not in self.watch:
-                self.watch[disk] = f"the job writes files in {folder}"
+                self.watch[disk] = _WRITES + folder
 
     def _waiting(self, train: dict[str, Any], now: float) -> None:
         """NOTE [no batch for a while]: once the loop has begun an epoch, a stretch of

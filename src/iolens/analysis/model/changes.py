@@ -177,8 +177,9 @@ def cheaper_handover(factor: float, tensors: bool = False, release_s: float = 0.
             out = dataclasses.replace(out, loader_cpu_s=f.loader_cpu_s - cut * beyond,
                                       collate_s=f.collate_s * factor)
         if write_s is not None and f.workers:
-            out = dataclasses.replace(out, loader_cpu_s=f.batch * f.fetch_cpu_s + write_s,
-                                      collate_s=max(f.collate_s, write_s))
+            collate = max(out.collate_s, write_s)
+            out = dataclasses.replace(out, loader_cpu_s=f.batch * f.fetch_cpu_s + collate,
+                                      collate_s=collate)
         return out
     return apply
 
@@ -193,7 +194,8 @@ batch (the hand-over 7.62 -> 1.05 ms); a sample of 16 tensors, then of one, 2.72
 CPU beyond the fetch fell as the loop's, 3.15 -> 0.73 ms a batch (0.23; the collate, a
 shared-memory tensor made for each, 0.92 -> 0.22 ms): a tensor costs each side its own
 part. From pickled bytes to a tensor it rose, 2.87 -> 3.37 (the collate copies the bytes
-into shared memory where the pickling copied them into the pipe): the model keeps it.
+into shared memory where the pickling copied them into the pipe): the model makes it the
+write of the batch into shared memory (NOTE [a tensor's write]).
 Where the CPU bound before, the loop's part alone had the prediction 17-25% under the
 run after (CI: 183 predicted for 245 measured, 235 for 349)."""
 
@@ -205,9 +207,10 @@ runs on 2 cores, 2 workers, 4 MiB a batch, at 1.0-1.5x the lab's pace: pickled a
 objects, 3.5 ms of the workers' CPU a batch beyond the fetch; as 8 NumPy arrays of 512
 KiB, 10.2; returned as tensors the default collate stacks (either way, at 1.03-1.05x the
 lab's pace), 4.6 in both, of which the collate 4.0-4.1. Kept as it was, the workers'
-CPU bound the NumPy case's prediction at 162-179 steps/s where 197-218 were measured.
-So the workers' CPU beyond the fetch is, after, 1.1 ms a MiB at the lab's pace
-(rules.HANDOVER_WRITE_MIB_S, scaled by the pace), and the collate at least that."""
+CPU bound the NumPy case's prediction at 162-179 steps/s where 197-218 were measured
+(four runs). So the workers' CPU beyond the fetch is, after, 1.1 ms a MiB at the lab's pace
+(rules.HANDOVER_WRITE_MIB_S, scaled by the pace), and the collate at least that: a
+collate that costs more (padding, work of its own) is kept, the write in it."""
 
 
 def cheaper_compute(factor: float) -> Change:

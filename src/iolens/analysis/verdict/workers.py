@@ -211,7 +211,7 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
     if types and types != {"torch.Tensor"} and leaves and not pinned and (
             hand is not None and hand > 0):
         # NOTE [a tensor's hand-over]: the pickled leaves as tensors, each a handle
-        fields = kept_apart(leaves, batch_most(v, "batch_size"))
+        fields = kept_apart(v)
         as_tensors = handover_s(fields or leaves, size) * (v.pace or 1.0)
         factor = round(min(1.0, as_tensors / hand), 3)
         release, write = release_s(size, v.pace), write_s(size, v.pace)
@@ -220,9 +220,10 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
                   f"arrays (pickled whole; the batches hold {', '.join(sorted(types))})")
         leaves_as = f"its {plural(leaves, 'leaf', 'leaves')} as tensors"
         if fields:
-            action += (f", and let the default collate_fn stack them: the {leaves} leaves of "
-                       f"a batch are its samples kept apart, {plural(fields, 'tensor')} a "
-                       "batch once stacked")
+            action += (f", and let the default collate_fn stack them where the samples share "
+                       f"a shape: the {leaves} leaves of a batch, a multiple of its "
+                       f"batch_size, are its samples kept apart, {plural(fields, 'tensor')} "
+                       "a batch once stacked")
             leaves_as = (f"its {plural(leaves, 'leaf', 'leaves')} stacked into "
                          f"{plural(fields, 'tensor')}")
         v.offer(v.fix(
@@ -267,18 +268,33 @@ def batch_types(v: Verdict) -> set[str]:
 
 def batch_most(v: Verdict, key: str) -> int | None:
     """The most of any loader's ``key`` (``batch_tensors``, ``batch_leaves``,
-    ``batch_bytes``); None where no loader recorded it."""
+    ``batch_bytes``, ``batch_size``); None where no loader recorded it."""
     return max((n for d in v.loaders if type(n := d.get(key)) is int), default=None)
 
 
-def kept_apart(leaves: int, batch_size: int | None) -> int | None:
-    """The tensors a batch of ``leaves`` pickled leaves becomes with its samples stacked
-    (the default collate_fn's way), where the leaves are ``batch_size`` samples kept apart
-    (a collate_fn that returns the list): a leaf a field of each sample. None where they
-    cannot be (NOTE [samples kept apart])."""
-    if not batch_size or batch_size < 2 or leaves < batch_size or leaves % batch_size:
+LEAVES_WALKED = 1024
+"""The leaves the timing hook counts in a batch at most (iolens.training._hooks'
+batch_shape): a count that reached it is not the batch's own."""
+
+
+def kept_apart(v: Verdict) -> int | None:
+    """The tensors a batch of pickled leaves becomes with its samples stacked (the default
+    collate_fn's way), where its leaves are its loader's ``batch_size`` samples kept apart
+    (a collate_fn that returns the list): a leaf a field of each sample. Read from the
+    pickling loader with the most leaves, its leaves and batch_size together; None where
+    they cannot be samples kept apart (NOTE [samples kept apart])."""
+    pickled = [d for d in v.loaders if type(d.get("batch_leaves")) is int
+               and {t for t in str(d.get("batch_types") or "").split(",") if t}
+               - {"torch.Tensor"}]
+    if not pickled:
         return None
-    return leaves // batch_size
+    d = max(pickled, key=lambda d: d["batch_leaves"])
+    leaves: int = d["batch_leaves"]
+    size = d.get("batch_size")
+    if type(size) is not int or size < 2 or leaves >= LEAVES_WALKED or (
+            leaves < size or leaves % size):
+        return None
+    return leaves // size
 
 
 """NOTE [samples kept apart]: a batch of pickled leaves whose count is a multiple of the
@@ -286,9 +302,12 @@ batch_size is most often a collate_fn that keeps the samples apart (a list of Nu
 arrays, a leaf a sample). Returned as tensors the default collate_fn stacks, that is a
 tensor a field, not a tensor a leaf; the advice says to let it stack them and predicts
 the hand-over of the stacked tensors. Predicted as a tensor a leaf, the lab's batch of 8
-samples of 512 KiB (a NumPy array each, 75-79 steps/s before) was 162-171 steps/s where
-the stacked tensor ran at 205-218 (+24% and +31%); as a list of 8 tensors, on a slower
-day, 96-114 against 121-138 predicted."""
+samples of 512 KiB (a NumPy array each, 75-79 steps/s before) was 162-171 steps/s in two
+runs where the stacked tensor ran at 205-218 (+24% and +31%); as a list of 8 tensors, on
+a slower day, 96-114 against 121-138 predicted. It is a guess from the counts: a
+collate_fn that keeps samples apart because their shapes differ cannot have them
+stacked, which the advice says; a count at the hook's limit, or a batch_size under 2,
+makes no guess."""
 
 
 def machine_pace(meta: dict[str, Any]) -> float | None:
