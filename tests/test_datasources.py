@@ -353,3 +353,24 @@ def test_a_batch_names_the_types_it_holds() -> None:
     image = torch.zeros(4).as_subclass(type("Image", (torch.Tensor,), {}))
     assert _hooks.leaf_types((image, torch.nn.Parameter(torch.zeros(2)))) == {"torch.Tensor"}
     assert _hooks.batch_shape({"image": image, "label": torch.zeros(1)}) == (2, 2, 20)
+
+
+def test_a_batch_of_samples_kept_apart_is_told_from_one_collated() -> None:
+    """NOTE [samples kept apart]: a batch that is its batch_size samples, alike in their
+    leaves' shapes and types, counts the fields the default collate_fn would stack."""
+    import numpy as np
+
+    fields = _hooks.stackable_fields
+    assert fields([np.zeros(4)] * 8, 8) == 1
+    assert fields([(np.zeros(4), 3)] * 8, 8) == 2  # (an array and a label)
+    assert fields(tuple({"x": np.zeros((2, 2)), "w": 0.5} for _ in range(4)), 4) == 2
+    assert fields([torch.zeros(3)] * 2, 2) == 1
+    # not samples kept apart, or not alike: no count
+    assert fields([np.zeros(4)] * 8, 4) is None  # (not batch_size of them)
+    assert fields([np.zeros(4)] * 7 + [np.zeros(5)], 8) is None  # (shapes differ)
+    assert fields([np.zeros(4)] * 7 + [np.zeros(4, dtype=np.uint8)], 8) is None
+    assert fields([b"x" * 8] * 4, 4) is None  # (bytes: the default collate keeps them)
+    assert fields([(np.zeros(4), "a.jpg")] * 4, 4) is None
+    assert fields(np.zeros((8, 4)), 8) is None  # (collated already)
+    assert fields([np.zeros(2)] * 2, None) is None and fields([np.zeros(2)], 1) is None
+    assert fields([[np.zeros(1)] * 600] * 2, 2) is None  # (past the leaves counted)

@@ -380,8 +380,7 @@ def test_numpy_samples_kept_apart_are_told_to_be_stacked_tensors_and_that_holds(
     assert v["class"] == "handover-bound", v
     first = v["recommendations"][0]
     assert "return tensors" in first["action"] and (
-        "the 8 leaves of a batch, a multiple of its batch_size, are its samples kept "
-        "apart, 1 tensor a batch") in (
+        "a batch is its samples kept apart, 8 leaves alike in shape, 1 tensor a batch") in (
         first["action"]), first
     assert "written by the workers" in first["prediction"]["basis"][0], first["prediction"]
     after = []

@@ -700,47 +700,43 @@ def test_a_batch_of_tensors_is_told_to_hand_over_fewer_not_fewer_bytes() -> None
 
 
 def test_samples_kept_apart_are_told_to_be_stacked_and_predicted_so() -> None:
-    """NOTE [samples kept apart]: a batch of pickled leaves that number a multiple of its
-    batch_size is its samples kept apart; returned as tensors, the default collate_fn
-    stacks them into a tensor a field, and the hand-over is predicted for those."""
+    """NOTE [samples kept apart]: a batch the timing hook saw as its samples kept apart and
+    alike (``batch_fields``) is told to let the default collate_fn stack them, and the
+    hand-over is predicted for a tensor a field, not a tensor a leaf."""
     records = piped(30, fetch=0.001, cpu=0.001, idle=0.05, handover=0.045, wait=0.05)
 
     def pickled(**loader: Any) -> Any:
         v = diagnose(records, {**META, "loaders": [
             {"num_workers": 2, "batch_types": "numpy.ndarray", "batch_tensors": 0,
-             "batch_bytes": 4 << 20, **loader}]})
+             "batch_bytes": 4 << 20, "batch_size": 8, **loader}]})
         (rec,) = [r for r in v.recommendations + v.declined if "return tensors" in r.action]
         return rec
 
-    stacked = pickled(batch_leaves=8, batch_size=8)  # 8 samples, an array each
+    stacked = pickled(batch_leaves=8, batch_fields=1)  # 8 samples, an array each
     assert stacked.action.endswith(
-        "let the default collate_fn stack them where the samples share a shape: the 8 leaves "
-        "of a batch, a multiple of its batch_size, are its samples kept apart, 1 tensor a "
-        "batch once stacked"), stacked.action
+        "let the default collate_fn stack them: a batch is its samples kept apart, 8 leaves "
+        "alike in shape, 1 tensor a batch once stacked"), stacked.action
     one = (2 + 1) * 0.15 + 2 * 0.3  # ms: one tensor's parts, 2 MiB beyond the free 2
     assert stacked.change == {"handover": round(one / 45, 3)}, stacked.change
     assert "its 8 leaves stacked into 1 tensor, handed over in 1.05 ms" in (
         stacked.prediction.basis[0]), stacked.prediction.basis
-    fields = pickled(batch_leaves=16, batch_size=8)  # (an array and a label a sample)
+    fields = pickled(batch_leaves=16, batch_fields=2)  # (an array and a label a sample)
     assert "2 tensors a batch once stacked" in fields.action, fields.action
     assert fields.change == {"handover": round(((2 + 2) * 0.15 + 0.6) / 45, 3)}
-    for loader in ({"batch_leaves": 8, "batch_size": 3}, {"batch_leaves": 8},
-                   {"batch_leaves": 4, "batch_size": 8}, {"batch_leaves": 8, "batch_size": 1},
-                   {"batch_leaves": 1024, "batch_size": 128}):  # (the hook's count: a cap)
-        other = pickled(**loader)  # (not samples kept apart: a tensor a leaf)
+    for loader in ({"batch_leaves": 8}, {"batch_leaves": 8, "batch_fields": 0},
+                   {"batch_leaves": 8, "batch_fields": "1"}):
+        other = pickled(**loader)  # (not seen as samples kept apart: a tensor a leaf)
         assert "stack" not in other.action, (loader, other.action)
-        assert other.change == {"handover": round(min(1.0, ((2 + loader["batch_leaves"])
-                                                            * 0.15 + 0.6) / 45), 3)}, (
+        assert other.change == {"handover": round((10 * 0.15 + 0.6) / 45, 3)}, (
             loader, other.change)
-    # several loaders: the leaves and the batch_size of the same pickling loader, not the
-    # most of each over all of them (an evaluation loader of tensors with a larger batch)
+    # several loaders: the pickling loader's, not an evaluation loader's of tensors
     v = diagnose(records, {**META, "loaders": [
         {"num_workers": 2, "batch_types": "numpy.ndarray", "batch_tensors": 0,
-         "batch_bytes": 4 << 20, "batch_leaves": 16, "batch_size": 8},
-        {"num_workers": 2, "batch_types": "torch.Tensor", "batch_tensors": 1,
-         "batch_leaves": 1, "batch_size": 64}]})
+         "batch_bytes": 4 << 20, "batch_leaves": 16, "batch_size": 8, "batch_fields": 2},
+        {"num_workers": 2, "batch_types": "torch.Tensor", "batch_tensors": 32,
+         "batch_leaves": 64, "batch_size": 32, "batch_fields": 2}]})
     (rec,) = [r for r in v.recommendations if "return tensors" in r.action]
-    assert "2 tensors a batch once stacked" in rec.action, rec.action
+    assert "16 leaves alike in shape, 2 tensors a batch" in rec.action, rec.action
 
 
 def test_the_labs_milliseconds_follow_the_machines_pace() -> None:

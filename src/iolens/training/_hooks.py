@@ -228,15 +228,21 @@ class TimingWriter:
     def note_batch(self, tag: int, batch: Any) -> None:
         """Add the types a batch of loader ``tag`` holds (``batch_types``: ``torch.Tensor``,
         ``numpy.ndarray``, ``list`` ...), how many leaves (``batch_leaves``), how many
-        tensors (``batch_tensors``) and their bytes (``batch_bytes``) to its settings: the
-        hand-over advice says "return tensors" only to a loader whose batches hold
-        something else, and "one tensor" to one whose batches hold several."""
+        tensors (``batch_tensors``) and their bytes (``batch_bytes``) to its settings, and
+        where the batch is its samples kept apart and alike, their fields
+        (``batch_fields``): the hand-over advice says "return tensors" only to a loader
+        whose batches hold something else (stacked, a tensor a field, where they are
+        samples kept apart), and "one tensor" to one whose batches hold several."""
         self.typed.add(tag << records.TAG_SHIFT)
         info = self.loaders.get(tag)
         if info is None or self.moved is not None:
             return
         info["batch_types"] = ",".join(sorted(leaf_types(batch)))
         info["batch_leaves"], info["batch_tensors"], info["batch_bytes"] = batch_shape(batch)
+        with contextlib.suppress(Exception):  # (a leaf's odd shape: the rest is written)
+            fields = stackable_fields(batch, info.get("batch_size"))
+            if fields is not None:
+                info["batch_fields"] = fields
         write_atomic(os.path.join(self._folder(), f"loader-{self.pid}-{tag}.json"),
                      json.dumps(info).encode())
 
@@ -423,6 +429,36 @@ def batch_shape(batch: Any, depth: int = 3, limit: int = 1024) -> tuple[int, int
         elif isinstance(n := getattr(obj, "nbytes", None), int):  # (a NumPy array)
             size += n
     return leaves, tensors, size
+
+
+def stackable_fields(batch: Any, batch_size: Any, depth: int = 2,
+                     limit: int = 1024) -> int | None:
+    """How many fields each sample of a batch holds where the batch is its ``batch_size``
+    samples kept apart (a list or tuple of them, as a collate_fn that returns its input
+    makes) and the samples are alike: the same leaves, each an array or a tensor of the
+    same shape and dtype or a number, which the default collate_fn would stack into a
+    tensor a field. None where the batch is not that (NOTE [samples kept apart] in
+    iolens/analysis/verdict/workers.py)."""
+    if type(batch_size) is not int or batch_size < 2 or not isinstance(batch, list | tuple) or (
+            len(batch) != batch_size):
+        return None
+    first: list[tuple[Any, ...]] | None = None
+    seen = 0
+    for sample in batch:
+        kind: list[tuple[Any, ...]] = []
+        for leaf in _leaves(sample, depth, limit):
+            shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+            if isinstance(shape, tuple):  # (a NumPy array's, or a tensor's torch.Size)
+                kind.append((shape, str(dtype)))
+            elif isinstance(leaf, int | float):
+                kind.append((type(leaf).__name__,))
+            else:
+                return None  # (bytes, strings, lists of them: not stacked)
+        seen += len(kind)
+        if not kind or seen > limit or (first is not None and kind != first):
+            return None
+        first = first or kind
+    return len(first) if first else None
 
 
 def _leaves(batch: Any, depth: int, limit: int) -> Iterator[Any]:

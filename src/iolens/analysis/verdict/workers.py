@@ -211,7 +211,7 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
     if types and types != {"torch.Tensor"} and leaves and not pinned and (
             hand is not None and hand > 0):
         # NOTE [a tensor's hand-over]: the pickled leaves as tensors, each a handle
-        fields = kept_apart(v)
+        leaves, fields = kept_apart(v) or (leaves, 0)  # (NOTE [samples kept apart])
         as_tensors = handover_s(fields or leaves, size) * (v.pace or 1.0)
         factor = round(min(1.0, as_tensors / hand), 3)
         release, write = release_s(size, v.pace), write_s(size, v.pace)
@@ -220,10 +220,9 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
                   f"arrays (pickled whole; the batches hold {', '.join(sorted(types))})")
         leaves_as = f"its {plural(leaves, 'leaf', 'leaves')} as tensors"
         if fields:
-            action += (f", and let the default collate_fn stack them where the samples share "
-                       f"a shape: the {leaves} leaves of a batch, a multiple of its "
-                       f"batch_size, are its samples kept apart, {plural(fields, 'tensor')} "
-                       "a batch once stacked")
+            action += (f", and let the default collate_fn stack them: a batch is its "
+                       f"samples kept apart, {plural(leaves, 'leaf', 'leaves')} alike in "
+                       f"shape, {plural(fields, 'tensor')} a batch once stacked")
             leaves_as = (f"its {plural(leaves, 'leaf', 'leaves')} stacked into "
                          f"{plural(fields, 'tensor')}")
         v.offer(v.fix(
@@ -272,17 +271,12 @@ def batch_most(v: Verdict, key: str) -> int | None:
     return max((n for d in v.loaders if type(n := d.get(key)) is int), default=None)
 
 
-LEAVES_WALKED = 1024
-"""The leaves the timing hook counts in a batch at most (iolens.training._hooks'
-batch_shape): a count that reached it is not the batch's own."""
-
-
-def kept_apart(v: Verdict) -> int | None:
-    """The tensors a batch of pickled leaves becomes with its samples stacked (the default
-    collate_fn's way), where its leaves are its loader's ``batch_size`` samples kept apart
-    (a collate_fn that returns the list): a leaf a field of each sample. Read from the
-    pickling loader with the most leaves, its leaves and batch_size together; None where
-    they cannot be samples kept apart (NOTE [samples kept apart])."""
+def kept_apart(v: Verdict) -> tuple[int, int] | None:
+    """The leaves of a batch pickled whole and the tensors it becomes with its samples
+    stacked (the default collate_fn's way), where the timing hook saw the batch as its
+    samples kept apart and alike (``batch_fields``: a tensor a field); read from the
+    pickling loader with the most leaves. None where it did not (NOTE [samples kept
+    apart])."""
     pickled = [d for d in v.loaders if type(d.get("batch_leaves")) is int
                and {t for t in str(d.get("batch_types") or "").split(",") if t}
                - {"torch.Tensor"}]
@@ -290,24 +284,20 @@ def kept_apart(v: Verdict) -> int | None:
         return None
     d = max(pickled, key=lambda d: d["batch_leaves"])
     leaves: int = d["batch_leaves"]
-    size = d.get("batch_size")
-    if type(size) is not int or size < 2 or leaves >= LEAVES_WALKED or (
-            leaves < size or leaves % size):
-        return None
-    return leaves // size
+    fields = d.get("batch_fields")
+    return (leaves, fields) if type(fields) is int and 0 < fields <= leaves else None
 
 
-"""NOTE [samples kept apart]: a batch of pickled leaves whose count is a multiple of the
-batch_size is most often a collate_fn that keeps the samples apart (a list of NumPy
-arrays, a leaf a sample). Returned as tensors the default collate_fn stacks, that is a
-tensor a field, not a tensor a leaf; the advice says to let it stack them and predicts
-the hand-over of the stacked tensors. Predicted as a tensor a leaf, the lab's batch of 8
-samples of 512 KiB (a NumPy array each, 75-79 steps/s before) was 162-171 steps/s in two
-runs where the stacked tensor ran at 205-218 (+24% and +31%); as a list of 8 tensors, on
-a slower day, 96-114 against 121-138 predicted. It is a guess from the counts: a
-collate_fn that keeps samples apart because their shapes differ cannot have them
-stacked, which the advice says; a count at the hook's limit, or a batch_size under 2,
-makes no guess."""
+"""NOTE [samples kept apart]: a collate_fn that returns its input (a list of NumPy
+arrays, a leaf a sample) has each batch pickled whole as its samples. Returned as
+tensors the default collate_fn stacks, that is a tensor a field, not a tensor a leaf;
+the advice says to let it stack them and predicts the hand-over of the stacked tensors.
+The timing hook says when a batch is that (iolens.training._hooks.stackable_fields): a
+list of batch_size samples with the same leaves, arrays of one shape and dtype or
+numbers, which the default collate_fn can stack. Predicted as a tensor a leaf, the lab's
+batch of 8 samples of 512 KiB (a NumPy array each, 75-79 steps/s before) was 162-171
+steps/s in two runs where the stacked tensor ran at 205-218 (+24% and +31%); as a list
+of 8 tensors, on a slower day, 96-114 against 121-138 predicted."""
 
 
 def machine_pace(meta: dict[str, Any]) -> float | None:
