@@ -371,6 +371,7 @@ def test_a_batch_of_samples_kept_apart_is_told_from_one_collated() -> None:
     assert fields([np.zeros(4)] * 7 + [np.zeros(4, dtype=np.uint8)], 8) is None
     assert fields([b"x" * 8] * 4, 4) is None  # (bytes: the default collate keeps them)
     assert fields([(np.zeros(4), "a.jpg")] * 4, 4) is None
+    assert fields([{"x": np.zeros(2)}, {"y": np.zeros(2)}], 2) is None  # (other keys)
     assert fields(np.zeros((8, 4)), 8) is None  # (collated already)
     assert fields([np.zeros(2)] * 2, None) is None and fields([np.zeros(2)], 1) is None
     assert fields([[np.zeros(1)] * 600] * 2, 2) is None  # (past the leaves counted)

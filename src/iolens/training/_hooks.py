@@ -435,10 +435,10 @@ def stackable_fields(batch: Any, batch_size: Any, depth: int = 2,
                      limit: int = 1024) -> int | None:
     """How many fields each sample of a batch holds where the batch is its ``batch_size``
     samples kept apart (a list or tuple of them, as a collate_fn that returns its input
-    makes) and the samples are alike: the same leaves, each an array or a tensor of the
-    same shape and dtype or a number, which the default collate_fn would stack into a
-    tensor a field. None where the batch is not that (NOTE [samples kept apart] in
-    iolens/analysis/verdict/workers.py)."""
+    makes) and the samples are alike: the same leaves under the same keys, each an array
+    or a tensor of the same shape and dtype or a number, which the default collate_fn
+    would stack into a tensor a field. None where the batch is not that (NOTE [samples
+    kept apart] in iolens/analysis/verdict/workers.py)."""
     if type(batch_size) is not int or batch_size < 2 or not isinstance(batch, list | tuple) or (
             len(batch) != batch_size):
         return None
@@ -446,12 +446,12 @@ def stackable_fields(batch: Any, batch_size: Any, depth: int = 2,
     seen = 0
     for sample in batch:
         kind: list[tuple[Any, ...]] = []
-        for leaf in _leaves(sample, depth, limit):
+        for at, leaf in _leaves_at(sample, depth, limit):  # (keys too: the collate's)
             shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
             if isinstance(shape, tuple):  # (a NumPy array's, or a tensor's torch.Size)
-                kind.append((shape, str(dtype)))
+                kind.append((at, shape, str(dtype)))
             elif isinstance(leaf, int | float):
-                kind.append((type(leaf).__name__,))
+                kind.append((at, type(leaf).__name__))
             else:
                 return None  # (bytes, strings, lists of them: not stacked)
         seen += len(kind)
@@ -462,18 +462,23 @@ def stackable_fields(batch: Any, batch_size: Any, depth: int = 2,
 
 
 def _leaves(batch: Any, depth: int, limit: int) -> Iterator[Any]:
-    stack = [(batch, 0)]
+    return (obj for _, obj in _leaves_at(batch, depth, limit))
+
+
+def _leaves_at(batch: Any, depth: int, limit: int) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """The leaves of ``batch`` with the keys and indices that lead to each."""
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), batch)]
     seen = 0
     while stack and seen < limit:
-        obj, d = stack.pop()
-        if d < depth and isinstance(obj, dict):
-            stack.extend((v, d + 1) for v in list(obj.values())[:limit])
-        elif d < depth and isinstance(obj, tuple | list) and not (
+        at, obj = stack.pop()
+        if len(at) < depth and isinstance(obj, dict):
+            stack.extend(((*at, k), v) for k, v in list(obj.items())[:limit])
+        elif len(at) < depth and isinstance(obj, tuple | list) and not (
                 obj and isinstance(obj[0], int | float | str | bytes)):
-            stack.extend((v, d + 1) for v in list(obj)[:limit])  # (not a list of scalars)
-        else:
+            stack.extend(((*at, i), v) for i, v in enumerate(list(obj)[:limit]))
+        else:  # (a leaf, or a list of scalars: pickled whole)
             seen += 1
-            yield obj
+            yield at, obj
 
 
 def loader_settings(loader: Any) -> dict[str, Any]:
