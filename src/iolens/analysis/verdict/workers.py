@@ -262,12 +262,17 @@ def handover_bound(v: Verdict, pipe: Pipeline, span: Span, *,
 def batch_types(v: Verdict) -> set[str]:
     """The types the job's batches held, over its loaders (NOTE [loader settings] in
     iolens/training/_hooks.py)."""
-    return {t for d in v.loaders for t in str(d.get("batch_types") or "").split(",") if t}
+    return {t for d in v.loaders for t in loader_types(d)}
+
+
+def loader_types(d: dict[str, Any]) -> set[str]:
+    """The types one loader's batches held (its settings' ``batch_types``)."""
+    return {t for t in str(d.get("batch_types") or "").split(",") if t}
 
 
 def batch_most(v: Verdict, key: str) -> int | None:
     """The most of any loader's ``key`` (``batch_tensors``, ``batch_leaves``,
-    ``batch_bytes``, ``batch_size``); None where no loader recorded it."""
+    ``batch_bytes``); None where no loader recorded it."""
     return max((n for d in v.loaders if type(n := d.get(key)) is int), default=None)
 
 
@@ -278,8 +283,7 @@ def kept_apart(v: Verdict) -> tuple[int, int] | None:
     pickling loader with the most leaves. None where it did not (NOTE [samples kept
     apart])."""
     pickled = [d for d in v.loaders if type(d.get("batch_leaves")) is int
-               and {t for t in str(d.get("batch_types") or "").split(",") if t}
-               - {"torch.Tensor"}]
+               and loader_types(d) - {"torch.Tensor"}]
     if not pickled:
         return None
     d = max(pickled, key=lambda d: d["batch_leaves"])
